@@ -1,0 +1,104 @@
+"""Tether: the registry of tasks, the configuration and the door to the broker."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from tether.broker import PostgresBroker
+from tether.config import AppConfig, RetryPolicy
+from tether.errors import TaskDefinitionError
+from tether.handle import TaskHandle
+from tether.ids import parse_task_id
+from tether.task import SendOptions, Task, check_priority, check_queue, _check_good_until
+from tether.waiter import ResultListener
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+
+
+class Tether:
+    """One application: its tasks and where they are queued.
+
+    ``Tether()`` alone uses the embedded PostgreSQL; give ``AppConfig(broker=
+    PostgresConfig(database_url=...))`` or set TETHER_DATABASE_URL for a server.
+    """
+
+    def __init__(self, config: AppConfig | None = None) -> None:
+        self.config = config if config is not None else AppConfig()
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self.broker = PostgresBroker(self.config.broker, auto_migrate=self.config.auto_migrate)
+        self._listener: ResultListener | None = None
+        self._listener_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Tether(tasks={sorted(self.tasks)}, queues={self.config.queues})"
+
+    def task(
+        self,
+        name: str,
+        *,
+        queue: str | None = None,
+        priority: int = 0,
+        retry_policy: RetryPolicy | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as the task ``name`` (unique in the app, stable across deploys)."""
+        if not isinstance(name, str) or not _TASK_NAME.match(name):
+            raise TaskDefinitionError(
+                f"task name {name!r} is invalid: use letters, digits, '_', '.', ':' or '-' "
+                "(up to 200 characters, not starting with a digit)"
+            )
+        if name in self.tasks:
+            raise TaskDefinitionError(f"task name {name!r} is already registered ({self.tasks[name].fn!r})")
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise TaskDefinitionError(
+                f"task {name!r}: retry_policy must be a RetryPolicy, got {type(retry_policy).__name__}"
+            )
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            if not callable(fn):
+                raise TaskDefinitionError(f"task {name!r}: @app.task must decorate a function")
+            task: Task[P, R] = Task(
+                self,
+                name,
+                fn,
+                queue=queue if queue is not None else self.config.default_queue,
+                priority=priority,
+                retry_policy=retry_policy,
+            )
+            self.tasks[name] = task
+            return task
+
+        return register
+
+    def check_options(self, task_name: str, options: SendOptions) -> SendOptions:
+        """Validate send options; the error says which option and why."""
+        check_queue(options.queue, self.config.queues)
+        check_priority(options.priority)
+        if options.good_until is not None:
+            _check_good_until(options.good_until)
+        return options
+
+    def get_broker(self) -> PostgresBroker:
+        return self.broker
+
+    def handle(self, task_id: str | uuid.UUID) -> TaskHandle[Any]:
+        """A handle for a task sent earlier (by id)."""
+        return TaskHandle(self, parse_task_id(task_id))
+
+    @property
+    def result_listener(self) -> ResultListener:
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = ResultListener(self.broker)
+            return self._listener
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+        self.broker.close()

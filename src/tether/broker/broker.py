@@ -1,0 +1,163 @@
+"""PostgresBroker: the app's door to the database (pools, schema check, named statements).
+
+Sync and async callers share the same named statements; only the pool differs.
+Pools are opened lazily on first use, so importing an app (as every worker child
+does) opens nothing, and a forked process never reuses its parent's sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from tether.config import PostgresConfig
+from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
+from tether.db.migrate import ensure_schema
+from tether.broker.queries import q
+
+log = logging.getLogger("tether.broker")
+
+Row = dict[str, Any]
+
+
+class PostgresBroker:
+    def __init__(self, config: PostgresConfig, *, auto_migrate: bool = True) -> None:
+        self.config = config
+        self.auto_migrate = auto_migrate
+        self._lock = threading.Lock()
+        self._url: str | None = None
+        self._pid = os.getpid()
+        self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._apool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] | None = None
+        self._apool_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- where and how -------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL, resolving the embedded server (and checking the schema) once."""
+        self._forget_if_forked()
+        if self._url is None:
+            with self._lock:
+                if self._url is None:
+                    url = resolve_database_url(self.config)
+                    with connect(url, self.config) as conn:
+                        ensure_schema(conn, auto_migrate=self.auto_migrate)
+                    self._url = url
+        return self._url
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Row]:
+        """A dedicated connection (for listeners and worker children), not from the pool."""
+        return connect(self.url, self.config, autocommit=autocommit)
+
+    def _forget_if_forked(self) -> None:
+        if os.getpid() != self._pid:
+            # The parent's pool sockets belong to the parent: never close or use them here.
+            self._pid = os.getpid()
+            self._pool = None
+            self._apool = None
+            self._apool_loop = None
+            self._lock = threading.Lock()
+
+    def _pool_kwargs(self) -> dict[str, Any]:
+        return {
+            "autocommit": True,
+            "row_factory": dict_row,
+            **connect_kwargs(self.config),
+        }
+
+    @property
+    def pool(self) -> ConnectionPool[psycopg.Connection[Row]]:
+        self._forget_if_forked()
+        if self._pool is None:
+            url = self.url
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ConnectionPool(
+                        url,
+                        min_size=self.config.pool_min_size,
+                        max_size=self.config.pool_max_size,
+                        kwargs=self._pool_kwargs(),
+                        timeout=self.config.connect_timeout_s,
+                        name="tether",
+                        open=True,
+                    )
+        return self._pool
+
+    async def apool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
+        self._forget_if_forked()
+        loop = asyncio.get_running_loop()
+        if self._apool is None or self._apool_loop is not loop:
+            # Resolving the URL may start the embedded server: keep it off the event loop.
+            url = self._url or await asyncio.to_thread(lambda: self.url)
+            pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+                url,
+                min_size=self.config.pool_min_size,
+                max_size=self.config.pool_max_size,
+                kwargs=self._pool_kwargs(),
+                timeout=self.config.connect_timeout_s,
+                name="tether-async",
+                open=False,
+            )
+            await pool.open()
+            self._apool, self._apool_loop = pool, loop
+        return self._apool
+
+    # -- running named statements -------------------------------------------
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Row]]:
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise unreachable(self.url, exc) from exc
+        except psycopg.OperationalError as exc:
+            raise unreachable(self.url, exc) from exc
+
+    def fetchall(self, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        with self.connection() as conn:
+            return conn.execute(q(name), params or {}).fetchall()
+
+    def fetchone(self, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        with self.connection() as conn:
+            return conn.execute(q(name), params or {}).fetchone()
+
+    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        with self.connection() as conn:
+            return conn.execute(q(name), params or {}).rowcount
+
+    async def afetchall(self, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+        pool = await self.apool()
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(q(name), params or {})
+                return await cur.fetchall()
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            raise unreachable(self.url, exc) from exc
+
+    async def afetchone(self, name: str, params: dict[str, Any] | None = None) -> Row | None:
+        rows = await self.afetchall(name, params)
+        return rows[0] if rows else None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        if self._pool is not None and os.getpid() == self._pid:
+            self._pool.close()
+        self._pool = None
+
+    async def aclose(self) -> None:
+        if self._apool is not None and os.getpid() == self._pid:
+            await self._apool.close()
+        self._apool = None
+        self.close()

@@ -1,0 +1,91 @@
+-- Worker-side transitions. Every write after the claim is fenced: it names the
+-- status it expects, the attempt number the claim produced and the owner. A
+-- worker that lost its claim (declared dead, task requeued, cancelled) matches
+-- no row and changes nothing.
+
+-- name: claim_tasks
+WITH picked AS (
+    SELECT id FROM tether_tasks
+    WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+      AND (good_until IS NULL OR good_until > now())
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tether_tasks t
+SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
+    claimed_by_worker_id = %(worker_id)s
+FROM picked WHERE t.id = picked.id
+RETURNING t.id, t.name, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
+          t.max_retries, t.retry_policy::text;
+
+-- name: next_run_at
+-- When the idle claim loop should look again for delayed tasks or retries.
+SELECT min(run_at) - now() AS wait FROM tether_tasks
+WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]);
+
+-- name: start_task
+UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()
+WHERE id = %(id)s AND status = 'CLAIMED' AND attempt = %(attempt)s
+  AND claimed_by_worker_id = %(worker_id)s
+RETURNING id;
+
+-- name: finish_task
+-- RUNNING -> COMPLETED or FAILED, with the attempt's row in the same statement.
+WITH done AS (
+    UPDATE tether_tasks
+    SET status = %(status)s, result = %(result)s::jsonb, error_code = %(error_code)s,
+        completed_at = CASE WHEN %(status)s = 'COMPLETED' THEN now() END,
+        failed_at = CASE WHEN %(status)s = 'FAILED' THEN now() END,
+        next_retry_at = NULL, updated_at = now()
+    WHERE id = %(id)s AND status = %(expect)s AND attempt = %(attempt)s
+      AND claimed_by_worker_id = %(worker_id)s
+    RETURNING id, attempt, started_at, notify_on_done
+), history AS (
+    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
+                                      outcome, error_code, error_message)
+    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, %(status)s,
+           %(error_code)s, %(error_message)s
+    FROM done
+)
+SELECT id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM done;
+
+-- name: retry_task
+-- A retryable failure with retries left: back to PENDING after the delay.
+-- The self-join reads started_at as it was before this UPDATE clears it.
+WITH again AS (
+    UPDATE tether_tasks t
+    SET status = 'PENDING', retry_count = t.retry_count + 1, result = %(result)s::jsonb,
+        error_code = %(error_code)s, next_retry_at = now() + %(delay)s::interval,
+        run_at = now() + %(delay)s::interval, enqueued_at = now() + %(delay)s::interval,
+        claimed_at = NULL, started_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
+    FROM tether_tasks before
+    WHERE t.id = %(id)s AND before.id = t.id AND t.status = %(expect)s
+      AND t.attempt = %(attempt)s AND t.claimed_by_worker_id = %(worker_id)s
+    RETURNING t.id, t.attempt, t.queue, t.run_at, before.started_at
+), history AS (
+    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
+                                      outcome, will_retry, error_code, error_message)
+    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, 'FAILED', true,
+           %(error_code)s, %(error_message)s
+    FROM again
+)
+SELECT id, pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM again;
+
+-- name: release_claimed
+-- Graceful shutdown or a child that died before starting: the code never ran,
+-- so the claim is simply undone (the attempt number stays bumped: it is a token).
+WITH back AS (
+    UPDATE tether_tasks
+    SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'CLAIMED' AND claimed_by_worker_id = %(worker_id)s
+    RETURNING id, queue, run_at
+), woken AS (
+    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
+    FROM back GROUP BY queue
+)
+SELECT (SELECT count(*) FROM back) AS released, (SELECT count(*) FROM woken) AS queues;
+
+-- name: get_fence
+-- After an ambiguous write (connection lost around COMMIT): who holds the row now?
+SELECT status, attempt, claimed_by_worker_id FROM tether_tasks WHERE id = %(id)s;

@@ -1,0 +1,85 @@
+-- Producer-side statements: enqueue, read, cancel, wait.
+-- Every enqueue NOTIFYs 'tether_work' once per queue per statement with the
+-- earliest run_at, so idle workers wake now (or set a timer for later).
+
+-- name: insert_task
+WITH ins AS (
+    INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
+                              retry_policy, good_until, run_at, enqueued_at)
+    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
+            now() + %(delay)s::interval, now() + %(delay)s::interval)
+    RETURNING queue, run_at
+)
+SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins;
+
+-- name: insert_tasks
+-- send_many: one statement for the whole batch; per-task columns come as arrays.
+WITH ins AS (
+    INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
+                              retry_policy, good_until, run_at, enqueued_at)
+    SELECT u.id, %(name)s, %(queue)s, %(priority)s, u.args::jsonb, u.kwargs::jsonb,
+           %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
+           now() + %(delay)s::interval, now() + %(delay)s::interval
+    FROM unnest(%(ids)s::uuid[], %(args)s::text[], %(kwargs)s::text[]) AS u (id, args, kwargs)
+    RETURNING queue, run_at
+)
+SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
+FROM ins GROUP BY queue;
+
+-- name: get_task
+SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,
+       retry_count, max_retries, retry_policy, good_until, run_at, sent_at, enqueued_at,
+       claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
+       next_retry_at, updated_at, claimed_by_worker_id
+FROM tether_tasks WHERE id = %(id)s;
+
+-- name: get_status
+SELECT status, result FROM tether_tasks WHERE id = %(id)s;
+
+-- name: watch_task
+-- A result waiter asks to be notified; the row lock orders this against the
+-- finishing UPDATE, so either the finisher sees the flag or we see the result.
+UPDATE tether_tasks SET notify_on_done = true
+WHERE id = %(id)s
+RETURNING status, result;
+
+-- name: get_attempts
+SELECT attempt, worker_id, hostname, pid, started_at, finished_at, outcome, will_retry,
+       error_code, error_message
+FROM tether_task_attempts WHERE task_id = %(id)s ORDER BY attempt;
+
+-- name: cancel_task
+-- Only before any code ran: PENDING, or CLAIMED (the worker's start then matches nothing).
+WITH c AS (
+    UPDATE tether_tasks
+    SET status = 'CANCELLED', cancelled_at = now(), updated_at = now(),
+        error_code = 'TASK_CANCELLED',
+        result = jsonb_build_object('err', jsonb_build_object(
+            'code', 'TASK_CANCELLED', 'message', 'cancelled before it ran', 'data', NULL))
+    WHERE id = %(id)s AND status IN ('PENDING', 'CLAIMED')
+    RETURNING id, notify_on_done
+)
+SELECT id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM c;
+
+-- name: list_tasks
+SELECT id, name, queue, priority, status, attempt, retry_count, error_code, sent_at,
+       started_at, coalesce(completed_at, failed_at, cancelled_at, expired_at) AS finished_at,
+       claimed_by_worker_id
+FROM tether_tasks
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(name)s::text IS NULL OR name = %(name)s)
+ORDER BY sent_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: count_by_queue_status
+SELECT queue, status, count(*) AS n FROM tether_tasks GROUP BY queue, status ORDER BY queue, status;
+
+-- name: count_status_of
+SELECT status, count(*) AS n FROM tether_tasks WHERE id = ANY(%(ids)s::uuid[]) GROUP BY status;
+
+-- name: find_worker_by_pid
+SELECT id, status FROM tether_workers
+WHERE pid = %(pid)s AND hostname = %(hostname)s AND status = 'active'
+ORDER BY started_at DESC LIMIT 1;

@@ -1,0 +1,29 @@
+-- The worker registry.
+
+-- name: register_worker
+INSERT INTO tether_workers (id, hostname, pid, process_started_at, queues, processes,
+                            tether_version)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(process_started_at)s, %(queues)s, %(processes)s,
+        %(version)s);
+
+-- name: touch_worker
+UPDATE tether_workers SET last_heartbeat_at = now(), updated_at = now(),
+       status = CASE WHEN status = 'inactive' THEN 'active' ELSE status END
+WHERE id = %(id)s AND status <> 'stopped'
+RETURNING id;
+
+-- name: stop_worker
+UPDATE tether_workers SET status = 'stopped', stopped_at = now(), updated_at = now()
+WHERE id = %(id)s;
+
+-- name: list_workers
+SELECT w.id, w.hostname, w.pid, w.queues, w.processes, w.status, w.started_at,
+       w.last_heartbeat_at, extract(epoch FROM now() - w.last_heartbeat_at) AS heartbeat_age_s,
+       (SELECT count(*) FROM tether_tasks t
+         WHERE t.claimed_by_worker_id = w.id AND t.status = 'CLAIMED') AS claimed,
+       (SELECT count(*) FROM tether_tasks t
+         WHERE t.claimed_by_worker_id = w.id AND t.status = 'RUNNING') AS running
+FROM tether_workers w
+WHERE %(all)s OR w.status = 'active'
+ORDER BY w.status, w.started_at DESC
+LIMIT %(limit)s;

@@ -1,0 +1,218 @@
+"""The ``tether`` command. click for parsing (typed options, good --help), rich for tables."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tether.app import Tether
+from tether.broker import PostgresBroker
+from tether.config import AppConfig, PostgresConfig, WorkerConfig
+from tether.errors import TetherError
+from tether.ids import parse_task_id
+from tether.result import TaskStatus
+
+console = Console()
+
+
+def _broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:
+    if app_path:
+        from tether.worker.app_loader import load_app
+
+        app = load_app(app_path)
+        if database_url:
+            return PostgresBroker(PostgresConfig(database_url=database_url))
+        return app.broker
+    return PostgresBroker(PostgresConfig(database_url=database_url) if database_url else PostgresConfig())
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, default=str, indent=2))
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    return table
+
+
+_db_option = click.option(
+    "--database-url", envvar="TETHER_DATABASE_URL", default=None,
+    help="PostgreSQL URL (default: TETHER_DATABASE_URL, else the embedded server).",
+)
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.group()
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def cli(log_level: str) -> None:
+    """tether: durable background tasks on PostgreSQL."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+@click.argument("app_path")
+@click.option("--processes", "-p", type=int, default=None, help="Child processes running tasks.")
+@click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all declared).")
+@click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
+@click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
+@click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
+def worker(app_path: str, processes: int | None, queues: str | None, prefetch: int | None,
+           grace_period: float | None, poll_interval_ms: int | None) -> None:
+    """Run a worker for APP_PATH (module:app)."""
+    from tether.worker.app_loader import load_app
+    from tether.worker.main import run_worker
+
+    app = load_app(app_path)
+    overrides: dict[str, Any] = {
+        "processes": processes, "queues": queues, "prefetch": prefetch,
+        "grace_period_s": grace_period, "poll_interval_ms": poll_interval_ms,
+    }
+    base = app.config.worker.model_dump()
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    run_worker(app, app_path, WorkerConfig(**base))
+
+
+@cli.command()
+@_db_option
+def migrate(database_url: str | None) -> None:
+    """Apply pending schema migrations (under an advisory lock)."""
+    from tether.db.connection import connect, resolve_database_url
+    from tether.db.migrate import current_version, latest_version
+    from tether.db.migrate import migrate as run_migrate
+
+    cfg = PostgresConfig(database_url=database_url) if database_url else PostgresConfig()
+    url = resolve_database_url(cfg)
+    with connect(url, cfg) as conn:
+        before = current_version(conn)
+        applied = run_migrate(conn)
+    if applied:
+        console.print(f"schema migrated from version {before} to {applied[-1]}")
+    else:
+        console.print(f"schema is up to date (version {latest_version()})")
+
+
+@cli.command()
+@_db_option
+@_json_option
+def status(database_url: str | None, as_json: bool) -> None:
+    """Counts per queue and status, and the workers."""
+    broker = _broker(database_url)
+    counts = broker.fetchall("count_by_queue_status")
+    workers = broker.fetchall("list_workers", {"all": False, "limit": 100})
+    if as_json:
+        _emit_json({"counts": counts, "workers": workers})
+        return
+    statuses = [s.value for s in TaskStatus]
+    per_queue: dict[str, dict[str, int]] = {}
+    for row in counts:
+        per_queue.setdefault(row["queue"], {})[row["status"]] = row["n"]
+    console.print(_table("Tasks", ["queue", *statuses],
+                         [[q, *(c.get(s, 0) for s in statuses)] for q, c in sorted(per_queue.items())]))
+    console.print(_workers_table(workers))
+
+
+def _workers_table(workers: list[dict[str, Any]]) -> Table:
+    return _table("Workers", ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"], [
+        [w["id"], w["status"], ",".join(w["queues"]), w["processes"], w["claimed"], w["running"],
+         f"{float(w['heartbeat_age_s']):.1f}s"] for w in workers
+    ])
+
+
+@cli.command()
+@_db_option
+@_json_option
+@click.option("--all", "show_all", is_flag=True, help="Include stopped and inactive workers.")
+def workers(database_url: str | None, as_json: bool, show_all: bool) -> None:
+    """Workers with their heartbeat age."""
+    rows = _broker(database_url).fetchall("list_workers", {"all": show_all, "limit": 500})
+    if as_json:
+        _emit_json(rows)
+    else:
+        console.print(_workers_table(rows))
+
+
+@cli.command()
+@_db_option
+@_json_option
+@click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus], case_sensitive=False))
+@click.option("--queue", default=None)
+@click.option("--name", default=None)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+def tasks(database_url: str | None, as_json: bool, status_: str | None, queue: str | None,
+          name: str | None, limit: int) -> None:
+    """Recent tasks, newest first, filtered by status, queue or name."""
+    rows = _broker(database_url).fetchall("list_tasks", {
+        "status": status_.upper() if status_ else None, "queue": queue, "name": name, "limit": limit,
+    })
+    if as_json:
+        _emit_json(rows)
+        return
+    console.print(_table("Tasks", ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"], [
+        [r["id"], r["name"], r["queue"], r["status"], r["attempt"], r["error_code"],
+         _ts(r["sent_at"]), _ts(r["finished_at"])] for r in rows
+    ]))
+
+
+@cli.command()
+@click.argument("task_id")
+@_db_option
+@_json_option
+def task(task_id: str, database_url: str | None, as_json: bool) -> None:
+    """One task with its attempts."""
+    broker = _broker(database_url)
+    tid = parse_task_id(task_id)
+    row = broker.fetchone("get_task", {"id": tid})
+    if row is None:
+        raise click.ClickException(f"no task with id {tid}")
+    attempts = broker.fetchall("get_attempts", {"id": tid})
+    if as_json:
+        _emit_json({**row, "attempts": attempts})
+        return
+    fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
+    for key in ("name", "queue", "priority", "status", "attempt", "retry_count", "max_retries", "error_code",
+                "claimed_by_worker_id", "good_until", "sent_at", "enqueued_at", "claimed_at", "started_at",
+                "completed_at", "failed_at", "cancelled_at", "expired_at", "next_retry_at", "args", "kwargs",
+                "result"):
+        fields.add_row(key, "" if row[key] is None else str(row[key]))
+    console.print(fields)
+    console.print(_table("Attempts", ["#", "worker", "started", "finished", "outcome", "retry", "error"], [
+        [a["attempt"], a["worker_id"], _ts(a["started_at"]), _ts(a["finished_at"]), a["outcome"],
+         "yes" if a["will_retry"] else "", a["error_code"]] for a in attempts
+    ]))
+
+
+@cli.command()
+@click.option("--tasks", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@click.option("--processes", type=click.IntRange(1, 64), default=2, show_default=True)
+def demo(count: int, processes: int) -> None:
+    """Start a worker on the embedded database, send work, watch it complete."""
+    from tether.demo import run_demo
+
+    sys.exit(run_demo(console, count=count, processes=processes))
+
+
+def _ts(value: Any) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except TetherError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)
+
+
+__all__ = ["AppConfig", "Tether", "cli", "main"]

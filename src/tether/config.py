@@ -1,0 +1,348 @@
+"""Configuration: AppConfig, PostgresConfig, RecoveryConfig, WorkerConfig and RetryPolicy.
+
+Why pydantic + pydantic-settings: a bad config must be refused at construction with a
+message that names the field and says why, and every setting must also be readable from
+``TETHER_*`` environment variables. pydantic gives the first (``ValidationError``, a
+``ValueError``, lists each failing field and its reason); pydantic-settings gives the second
+without hand-written parsing, with explicit arguments taking precedence over the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tether.result import ErrorCode
+
+__all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig",
+           "mask_url"]
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+ERROR_CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+
+def _reject_bool(value: Any) -> Any:
+    # bool is an int subclass, so pydantic's lax mode would take True as 1: almost always a
+    # slip (a flag passed to the wrong field), never a meaningful number.
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "expected a number, got a bool")
+    return value
+
+
+# Lax otherwise, so env strings like "60000" parse; 1.5 is still refused for an int.
+Int = Annotated[int, BeforeValidator(_reject_bool)]
+Float = Annotated[float, BeforeValidator(_reject_bool)]
+
+
+def _none_words(value: Any) -> Any:
+    # An env var can only hold a string, so "none"/"null"/"" is how it says "disabled".
+    if isinstance(value, str) and value.strip().lower() in {"", "none", "null"}:
+        return None
+    return value
+
+
+OptInt = Annotated[Int | None, BeforeValidator(_none_words)]
+
+
+def _split_names(value: Any) -> Any:
+    # Env lists arrive as "a,b" (or JSON "[...]"); Python callers pass a list.
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+def _check_queue_names(field: str, names: list[str]) -> list[str]:
+    if not names:
+        raise ValueError(f"{field} must name at least one queue")
+    bad = [n for n in names if not QUEUE_NAME_RE.match(n)]
+    if bad:
+        raise ValueError(f"{field}: invalid queue name(s) {bad}; a name is 1-64 characters "
+                         "from A-Z a-z 0-9 _ . : -")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{field}: queue name(s) {dupes} listed more than once")
+    return names
+
+
+QueueList = Annotated[list[str], NoDecode, BeforeValidator(_split_names)]
+# Validators run last-declared first: "" / "none" mean None before any splitting.
+OptQueueList = Annotated[list[str] | None, NoDecode, BeforeValidator(_split_names),
+                         BeforeValidator(_none_words)]
+
+
+def mask_url(url: str) -> str:
+    """``url`` with any password (in the user-info part or a ``password=`` parameter) as ``***``.
+
+    Errors and logs name the database URL so a user can see which server was meant;
+    they must never print its secret.
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        # The user-info ends at the last '@' before the query: over-masking a malformed
+        # URL (an unescaped '@' in the password) is safe, leaking part of it is not.
+        query_at = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+        at = rest.rfind("@", 0, query_at)
+        if at >= 0 and ":" in rest[:at]:
+            user = rest[:at].partition(":")[0]
+            rest = f"{user}:***{rest[at:]}"
+        url = f"{scheme}{sep}{rest}"
+    # Query parameters (?password=...) and libpq key=value strings (password=...).
+    return re.sub(r"(?i)(^|[?&\s])(password=)[^&\s#]*", r"\1\2***", url)
+
+
+class RecoveryConfig(BaseSettings):
+    """How workers prove they are alive and how the reaper recovers what dead ones left behind."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
+                                      allow_inf_nan=False)
+
+    auto_requeue_stale_claimed: bool = True
+    claimed_stale_threshold_ms: Int = Field(default=120_000, ge=1_000, le=3_600_000)
+    auto_fail_stale_running: bool = True
+    running_stale_threshold_ms: Int = Field(default=300_000, ge=1_000, le=7_200_000)
+    check_interval_ms: Int = Field(default=30_000, ge=1_000, le=600_000)
+    runner_heartbeat_interval_ms: Int = Field(default=30_000, ge=1_000, le=120_000)
+    claimer_heartbeat_interval_ms: Int = Field(default=30_000, ge=1_000, le=120_000)
+    # None disables that category of pruning.
+    heartbeat_retention_hours: OptInt = Field(default=24, ge=1)
+    worker_state_retention_hours: OptInt = Field(default=168, ge=1)
+    terminal_record_retention_hours: OptInt = Field(default=720, ge=1)
+
+    @model_validator(mode="after")
+    def _thresholds_cover_two_heartbeats(self) -> RecoveryConfig:
+        # One late heartbeat (a GC pause, a slow commit) must not make a live task look dead,
+        # so a task is only stale after missing at least two beats in a row.
+        pairs = (("claimed_stale_threshold_ms", "claimer_heartbeat_interval_ms"),
+                 ("running_stale_threshold_ms", "runner_heartbeat_interval_ms"))
+        for threshold, interval in pairs:
+            t, i = getattr(self, threshold), getattr(self, interval)
+            if t < 2 * i:
+                raise ValueError(f"{threshold} ({t}) must be at least 2 x {interval} ({i}) = "
+                                 f"{2 * i}, so one late heartbeat does not mark a live task stale")
+        return self
+
+
+class PostgresConfig(BaseSettings):
+    """Where the database is. No URL means the embedded server shared by the machine."""
+
+    # hide_input_in_errors: a rejected URL would otherwise be echoed, password included.
+    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
+                                      allow_inf_nan=False, hide_input_in_errors=True)
+
+    database_url: str | None = None
+    pool_min_size: Int = Field(default=1, ge=0, le=100)
+    pool_max_size: Int = Field(default=10, ge=1, le=200)
+    connect_timeout_s: Float = Field(default=5.0, ge=0.1, le=300)
+    application_name: str = "tether"
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _check_url(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            if not value:
+                return None  # TETHER_DATABASE_URL="" means "no URL": use the embedded server
+            if not value.startswith(("postgresql://", "postgres://")):
+                raise ValueError(f"database_url must start with postgresql:// or postgres:// "
+                                 f"(got {mask_url(value)!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _pool_sizes(self) -> PostgresConfig:
+        if self.pool_max_size < self.pool_min_size:
+            raise ValueError(f"pool_max_size ({self.pool_max_size}) must be >= pool_min_size "
+                             f"({self.pool_min_size})")
+        return self
+
+    @property
+    def masked_url(self) -> str | None:
+        """The URL safe to print (password as ``***``), or None for the embedded server."""
+        return None if self.database_url is None else mask_url(self.database_url)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        # repr() ends up in logs and tracebacks: show the URL masked.
+        for name, value in super().__repr_args__():
+            yield (name, self.masked_url) if name == "database_url" else (name, value)
+
+
+class WorkerConfig(BaseSettings):
+    """One worker: how many child processes, which queues, how eagerly it claims."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_WORKER_", frozen=True, extra="forbid",
+                                      allow_inf_nan=False)
+
+    # Clamped so the default never fails validation on a machine with more than 256 CPUs.
+    processes: Int = Field(default_factory=lambda: min(os.cpu_count() or 1, 256), ge=1, le=256)
+    queues: OptQueueList = None  # None = every queue the app declares
+    # Claimed-but-not-started tasks a worker may hold beyond its running ones; None = processes.
+    prefetch: OptInt = Field(default=None, ge=0, le=1_000)
+    # The fallback poll when no NOTIFY arrives (a notification can be lost on reconnect).
+    poll_interval_ms: Int = Field(default=1_000, ge=10, le=60_000)
+    grace_period_s: Float = Field(default=30.0, ge=0, le=86_400)
+    claim_batch_size: Int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _check_queue_names("queues", value)
+
+    @property
+    def effective_prefetch(self) -> int:
+        return self.processes if self.prefetch is None else self.prefetch
+
+
+def _normalise_codes(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]  # one code, not the set of its characters
+    if not isinstance(value, Iterable):
+        return value  # let pydantic report the type error
+    codes: list[Any] = []
+    for code in value:
+        if not isinstance(code, str) or not ERROR_CODE_RE.match(code):
+            raise ValueError(f"auto_retry_for: {code!r} is not an error code; use an ErrorCode "
+                             "or a string of 1-100 characters from A-Z a-z 0-9 _ . : -")
+        # Plain str values: the policy is stored as JSON and compared with codes from rows.
+        codes.append(code.value if isinstance(code, ErrorCode) else code)
+    return frozenset(codes)
+
+
+class RetryPolicy(BaseModel):
+    """When a failed task is tried again, and after how long.
+
+    Stored (``to_json``) on each task row, so a reaper in another process can decide
+    whether a crashed task is retried without importing the task's code.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    kind: Literal["fixed", "exponential"]
+    max_retries: Int = Field(ge=0, le=1_000)
+    base_seconds: Float = Field(gt=0, le=86_400)  # the interval, for "fixed"
+    max_seconds: Float = Field(default=3_600, gt=0, le=7 * 86_400)  # caps exponential growth
+    # The delay is multiplied by a random factor in [1 - jitter, 1 + jitter].
+    jitter: Float = Field(default=0.1, ge=0, le=1)
+    auto_retry_for: Annotated[frozenset[str], BeforeValidator(_normalise_codes)]
+
+    @field_validator("auto_retry_for")
+    @classmethod
+    def _not_empty(cls, value: frozenset[str]) -> frozenset[str]:
+        if not value:
+            raise ValueError("auto_retry_for must name at least one error code: a retry policy "
+                             "that retries nothing is a mistake (leave retry_policy unset instead)")
+        return value
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> RetryPolicy:
+        # Only exponential growth is capped: a fixed 2 h interval must not fail for a
+        # default cap of 1 h that the user never set.
+        if self.kind == "exponential" and self.max_seconds < self.base_seconds:
+            raise ValueError(f"max_seconds ({self.max_seconds}) must be >= base_seconds "
+                             f"({self.base_seconds})")
+        return self
+
+    @classmethod
+    def fixed(cls, seconds: float, *, max_retries: int,
+              auto_retry_for: Iterable[str | ErrorCode] | str,
+              jitter: float = 0.1) -> RetryPolicy:
+        """Wait ``seconds`` (± jitter) before each retry."""
+        return cls(kind="fixed", base_seconds=seconds, max_retries=max_retries,
+                   auto_retry_for=auto_retry_for, jitter=jitter)  # type: ignore[arg-type]
+
+    @classmethod
+    def exponential(cls, base_seconds: float, *, max_retries: int,
+                    auto_retry_for: Iterable[str | ErrorCode] | str,
+                    max_seconds: float = 3_600, jitter: float = 0.1) -> RetryPolicy:
+        """Wait ``base_seconds * 2**(n-1)`` (capped at ``max_seconds``, ± jitter) before retry n."""
+        return cls(kind="exponential", base_seconds=base_seconds, max_retries=max_retries,
+                   auto_retry_for=auto_retry_for, max_seconds=max_seconds,  # type: ignore[arg-type]
+                   jitter=jitter)
+
+    def delay_seconds(self, retry_number: int, rand: random.Random | None = None) -> float:
+        """Seconds to wait before retry ``retry_number`` (the first retry is 1)."""
+        if isinstance(retry_number, bool) or not isinstance(retry_number, int) or retry_number < 1:
+            raise ValueError(f"retry_number must be an int >= 1, got {retry_number!r}")
+        if self.kind == "fixed":
+            delay = self.base_seconds
+        else:
+            try:
+                delay = min(math.ldexp(self.base_seconds, retry_number - 1), self.max_seconds)
+            except OverflowError:  # 2**n beyond float range: long past the cap
+                delay = self.max_seconds
+        if self.jitter:
+            # Jitter spreads retries of tasks that failed together (one outage) over time.
+            delay *= 1 + (rand or random).uniform(-self.jitter, self.jitter)
+        return min(max(delay, 0.0), max(self.max_seconds, self.base_seconds) * (1 + self.jitter))
+
+    def retries_on(self, code: str) -> bool:
+        return code in self.auto_retry_for
+
+    def should_retry(self, code: str, retry_count: int) -> bool:
+        """Whether a failure with ``code``, after ``retry_count`` retries so far, is retried."""
+        if retry_count < 0:
+            raise ValueError(f"retry_count must be >= 0, got {retry_count}")
+        return self.retries_on(code) and retry_count < self.max_retries
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "max_retries": self.max_retries,
+                "base_seconds": self.base_seconds, "max_seconds": self.max_seconds,
+                "jitter": self.jitter, "auto_retry_for": sorted(self.auto_retry_for)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RetryPolicy:
+        return cls.model_validate(data)
+
+
+def _settings_from_dict(cls: type[BaseSettings]) -> Any:
+    # A nested dict (from a file, or TETHER_BROKER='{...}') goes through the settings class's
+    # constructor, so the fields it leaves out still come from the environment.
+    def build(value: Any) -> Any:
+        return cls(**value) if isinstance(value, dict) else value
+    return BeforeValidator(build)
+
+
+class AppConfig(BaseSettings):
+    """Everything a tether app needs. ``AppConfig()`` alone uses the embedded database."""
+
+    # hide_input_in_errors: the echoed input could hold a broker dict with a password.
+    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
+                                      allow_inf_nan=False, hide_input_in_errors=True)
+
+    broker: Annotated[PostgresConfig, _settings_from_dict(PostgresConfig)] = Field(
+        default_factory=PostgresConfig)
+    recovery: Annotated[RecoveryConfig, _settings_from_dict(RecoveryConfig)] = Field(
+        default_factory=RecoveryConfig)
+    worker: Annotated[WorkerConfig, _settings_from_dict(WorkerConfig)] = Field(
+        default_factory=WorkerConfig)
+    queues: QueueList = Field(default_factory=lambda: ["default"])
+    default_queue: str = "default"
+    # How often TaskHandle.get re-reads the row when no notification arrives.
+    result_poll_interval_ms: Int = Field(default=500, ge=10, le=60_000)
+    auto_migrate: bool = True  # apply pending schema migrations on first connection
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: list[str]) -> list[str]:
+        return _check_queue_names("queues", value)
+
+    @model_validator(mode="after")
+    def _queues_are_declared(self) -> AppConfig:
+        if self.default_queue not in self.queues:
+            raise ValueError(f"default_queue {self.default_queue!r} must be one of queues "
+                             f"{self.queues}: set default_queue (TETHER_DEFAULT_QUEUE) to one")
+        unknown = [q for q in self.worker.queues or () if q not in self.queues]
+        if unknown:
+            raise ValueError(f"worker.queues names queue(s) {unknown} that are not declared; "
+                             f"declared queues: {self.queues}")
+        return self

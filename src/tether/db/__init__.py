@@ -1,0 +1,1 @@
+"""Database access: connections, schema migrations and the embedded PostgreSQL server."""

@@ -1,0 +1,59 @@
+"""Where the database is, and opening connections to it with errors that say which URL failed."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from tether.config import PostgresConfig, mask_url
+from tether.errors import DatabaseUnreachableError
+
+log = logging.getLogger("tether.db")
+
+
+def resolve_database_url(config: PostgresConfig) -> str:
+    """The configured URL (config or TETHER_DATABASE_URL), else the shared embedded server's."""
+    if config.database_url:
+        return config.database_url
+    from tether.db.embedded import ensure_shared_server
+
+    return ensure_shared_server()
+
+
+def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:
+    return {
+        "connect_timeout": max(1, round(config.connect_timeout_s)),
+        "application_name": config.application_name,
+    }
+
+
+def unreachable(url: str, exc: BaseException) -> DatabaseUnreachableError:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnreachableError(
+        f"cannot connect to PostgreSQL at {mask_url(url)}: {reason}. "
+        "Check TETHER_DATABASE_URL (or PostgresConfig.database_url) and that the server is up."
+    )
+
+
+def connect(url: str, config: PostgresConfig, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A plain sync connection (dict rows). Raises DatabaseUnreachableError naming the masked URL."""
+    try:
+        return psycopg.connect(
+            url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config)
+        )
+    except psycopg.OperationalError as exc:
+        raise unreachable(url, exc) from exc
+
+
+async def connect_async(
+    url: str, config: PostgresConfig, *, autocommit: bool = True
+) -> psycopg.AsyncConnection[Any]:
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config)
+        )
+    except psycopg.OperationalError as exc:
+        raise unreachable(url, exc) from exc

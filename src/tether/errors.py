@@ -1,0 +1,60 @@
+"""Exceptions a user can meet. Each names the argument, field or URL at fault."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tether.result import TaskError
+
+
+class TetherError(Exception):
+    """Base of every tether exception."""
+
+
+class ConfigError(TetherError, ValueError):
+    """A configuration value is invalid."""
+
+
+class BadArgumentsError(TetherError, ValueError):
+    """Arguments given to send/schedule do not bind to the task's signature."""
+
+
+class SerializationError(TetherError, ValueError):
+    """A value cannot be encoded to (or decoded from) tether's JSON format."""
+
+
+class UnknownQueueError(TetherError, ValueError):
+    """A task was sent to a queue that the app does not declare."""
+
+
+class InvalidOptionError(TetherError, ValueError):
+    """A send option (priority, good_until, delay, ...) is out of range or of the wrong type."""
+
+
+class TaskDefinitionError(TetherError, ValueError):
+    """A task function cannot be registered as written."""
+
+
+class DatabaseUnreachableError(TetherError, ConnectionError):
+    """The PostgreSQL server could not be reached. The message names the (masked) URL."""
+
+
+class EmbeddedServerError(TetherError, RuntimeError):
+    """The embedded PostgreSQL server could not be started or found."""
+
+
+class SchemaError(TetherError, RuntimeError):
+    """The database schema is missing, newer than this tether, or a migration failed."""
+
+
+class TaskNotFoundError(TetherError, LookupError):
+    """No task with that id exists (it may have been pruned by retention)."""
+
+
+class TaskFailed(TetherError):
+    """Raised by TaskResult.unwrap() on an error result."""
+
+    def __init__(self, error: TaskError) -> None:
+        super().__init__(f"{error.code}: {error.message}")
+        self.error = error

@@ -1,0 +1,230 @@
+"""TaskHandle: what send() returns; waits for, inspects and cancels one task."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from tether.codec import decode_result
+from tether.errors import TaskNotFoundError
+from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
+from tether.waiter import threadsafe_async_event
+
+if TYPE_CHECKING:
+    from tether.app import Tether
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    attempt: int
+    worker_id: str | None
+    hostname: str | None
+    pid: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: str
+    will_retry: bool
+    error_code: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """One task's row, with its attempts. All timestamps are database time."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    priority: int
+    status: TaskStatus
+    attempt: int
+    retry_count: int
+    max_retries: int
+    error_code: str | None
+    claimed_by_worker_id: str | None
+    good_until: datetime | None
+    sent_at: datetime
+    enqueued_at: datetime
+    claimed_at: datetime | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancelled_at: datetime | None
+    expired_at: datetime | None
+    next_retry_at: datetime | None
+    result: TaskResult[Any, TaskError] | None
+    attempts: tuple[AttemptInfo, ...]
+
+
+def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | None:
+    """The TaskResult a terminal row stands for; None while the task is not terminal."""
+    st = TaskStatus(status)
+    if not st.is_terminal:
+        return None
+    if stored is not None:
+        return decode_result(stored)
+    if st is TaskStatus.EXPIRED:
+        return TaskResult(err=TaskError(ErrorCode.TASK_EXPIRED, "good_until passed before a worker claimed it"))
+    if st is TaskStatus.CANCELLED:
+        return TaskResult(err=TaskError(ErrorCode.TASK_CANCELLED, "cancelled before it ran"))
+    return TaskResult(err=TaskError(ErrorCode.RESULT_NOT_AVAILABLE, f"task is {st.value} but has no stored result"))
+
+
+class TaskHandle(Generic[T]):
+    def __init__(self, app: Tether, task_id: uuid.UUID, name: str | None = None) -> None:
+        self.app = app
+        self.id = task_id
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.name or 'task'}, id={self.id})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TaskHandle) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # -- reading -------------------------------------------------------------
+
+    def status(self) -> TaskStatus:
+        row = self.app.broker.fetchone("get_status", {"id": self.id})
+        if row is None:
+            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
+        return TaskStatus(row["status"])
+
+    async def status_async(self) -> TaskStatus:
+        row = await self.app.broker.afetchone("get_status", {"id": self.id})
+        if row is None:
+            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
+        return TaskStatus(row["status"])
+
+    def info(self) -> TaskInfo:
+        row = self.app.broker.fetchone("get_task", {"id": self.id})
+        if row is None:
+            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
+        attempts = self.app.broker.fetchall("get_attempts", {"id": self.id})
+        return _info(row, attempts)
+
+    def cancel(self) -> bool:
+        """Cancel if no code has run yet (PENDING or CLAIMED). True if this call cancelled it."""
+        return bool(self.app.broker.fetchall("cancel_task", {"id": self.id}))
+
+    async def cancel_async(self) -> bool:
+        return bool(await self.app.broker.afetchall("cancel_task", {"id": self.id}))
+
+    # -- waiting -------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
+        """Wait for the outcome. On timeout: an err result with WAIT_TIMEOUT (the task goes on)."""
+        _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        found = self._watch()
+        if found is not None:
+            return found
+        listener = self.app.result_listener
+        woken = threading.Event()
+        key = str(self.id)
+        listener.subscribe(key, woken.set)
+        poll = self.app.config.result_poll_interval_ms / 1000
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return _timed_out(timeout)
+                woken.wait(poll if left is None else min(poll, left))
+                woken.clear()
+                found = self._read()
+                if found is not None:
+                    return found
+        finally:
+            listener.unsubscribe(key, woken.set)
+
+    async def get_async(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
+        _check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        found = await self._watch_async()
+        if found is not None:
+            return found
+        listener = self.app.result_listener
+        woken = asyncio.Event()
+        wake = threadsafe_async_event(loop, woken)
+        key = str(self.id)
+        listener.subscribe(key, wake)
+        poll = self.app.config.result_poll_interval_ms / 1000
+        try:
+            while True:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return _timed_out(timeout)
+                try:
+                    await asyncio.wait_for(woken.wait(), poll if left is None else min(poll, left))
+                except TimeoutError:
+                    pass
+                woken.clear()
+                row = await self.app.broker.afetchone("get_status", {"id": self.id})
+                found = _result_or_missing(self.id, row)
+                if found is not None:
+                    return found
+        finally:
+            listener.unsubscribe(key, wake)
+
+    def _watch(self) -> TaskResult[T, TaskError] | None:
+        return _result_or_missing(self.id, self.app.broker.fetchone("watch_task", {"id": self.id}))
+
+    async def _watch_async(self) -> TaskResult[T, TaskError] | None:
+        row = await self.app.broker.afetchone("watch_task", {"id": self.id})
+        return _result_or_missing(self.id, row)
+
+    def _read(self) -> TaskResult[T, TaskError] | None:
+        return _result_or_missing(self.id, self.app.broker.fetchone("get_status", {"id": self.id}))
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+
+
+def _timed_out(timeout: float | None) -> TaskResult[Any, TaskError]:
+    return TaskResult(err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the task goes on"))
+
+
+def _result_or_missing(task_id: uuid.UUID, row: dict[str, Any] | None) -> TaskResult[Any, TaskError] | None:
+    if row is None:
+        return TaskResult(err=TaskError(ErrorCode.TASK_NOT_FOUND, f"no task with id {task_id}"))
+    return result_from_row(row["status"], row["result"])
+
+
+def _info(row: dict[str, Any], attempts: list[dict[str, Any]]) -> TaskInfo:
+    return TaskInfo(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        priority=row["priority"],
+        status=TaskStatus(row["status"]),
+        attempt=row["attempt"],
+        retry_count=row["retry_count"],
+        max_retries=row["max_retries"],
+        error_code=row["error_code"],
+        claimed_by_worker_id=row["claimed_by_worker_id"],
+        good_until=row["good_until"],
+        sent_at=row["sent_at"],
+        enqueued_at=row["enqueued_at"],
+        claimed_at=row["claimed_at"],
+        started_at=row["started_at"],
+        completed_at=row["completed_at"],
+        failed_at=row["failed_at"],
+        cancelled_at=row["cancelled_at"],
+        expired_at=row["expired_at"],
+        next_retry_at=row["next_retry_at"],
+        result=result_from_row(row["status"], row["result"]),
+        attempts=tuple(AttemptInfo(**a) for a in attempts),
+    )

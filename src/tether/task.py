@@ -1,0 +1,268 @@
+"""The @app.task decorator's product: send, send_many, schedule, with_options.
+
+Everything a caller can get wrong is checked here, before anything is written:
+arguments bind to the signature, values encode to JSON, options are in range.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from tether import codec
+from tether.config import RetryPolicy
+from tether.errors import (
+    BadArgumentsError,
+    InvalidOptionError,
+    SerializationError,
+    TaskDefinitionError,
+    UnknownQueueError,
+)
+from tether.handle import TaskHandle
+from tether.ids import new_task_id
+
+if TYPE_CHECKING:
+    from tether.app import Tether
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Keyword names that send() takes for itself; a task may not use them as parameters.
+RESERVED_OPTION_NAMES = frozenset({"good_until"})
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+MAX_DELAY = timedelta(days=3650)
+# Rows per INSERT in send_many; bigger batches run several statements in one transaction.
+SEND_MANY_CHUNK = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    queue: str
+    priority: int
+    good_until: datetime | None
+
+
+class Task(Generic[P, R]):
+    """A registered task. Call it to run the function here; send() to run it on a worker."""
+
+    def __init__(
+        self,
+        app: Tether,
+        name: str,
+        fn: Callable[P, R],
+        *,
+        queue: str,
+        priority: int,
+        retry_policy: RetryPolicy | None,
+    ) -> None:
+        self.app = app
+        self.name = name
+        self.fn = fn
+        self.retry_policy = retry_policy
+        self.signature = inspect.signature(fn)
+        for reserved in RESERVED_OPTION_NAMES & set(self.signature.parameters):
+            raise TaskDefinitionError(
+                f"task {name!r}: parameter {reserved!r} is reserved for send() options; rename it"
+            )
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._retry_json = json.dumps(retry_policy.to_json()) if retry_policy else None
+        self.options = app.check_options(name, SendOptions(queue, priority, None))
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, queue={self.options.queue!r})"
+
+    # -- sending --------------------------------------------------------------
+
+    def with_options(
+        self, *, queue: str | None = None, priority: int | None = None, good_until: datetime | None = None
+    ) -> BoundTask:
+        """A view of this task that sends with other options; the task itself is unchanged."""
+        opts = SendOptions(
+            queue if queue is not None else self.options.queue,
+            priority if priority is not None else self.options.priority,
+            good_until if good_until is not None else self.options.good_until,
+        )
+        return BoundTask(self, self.app.check_options(self.name, opts))
+
+    def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return BoundTask(self, self.options).send(*args, **kwargs)
+
+    async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return await BoundTask(self, self.options).send_async(*args, **kwargs)
+
+    def schedule(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return BoundTask(self, self.options).schedule(delay, *args, **kwargs)
+
+    async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return await BoundTask(self, self.options).schedule_async(delay, *args, **kwargs)
+
+    def send_many(self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any) -> list[TaskHandle[Any]]:
+        return BoundTask(self, self.options).send_many(items, **common)
+
+    async def send_many_async(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
+    ) -> list[TaskHandle[Any]]:
+        return await BoundTask(self, self.options).send_many_async(items, **common)
+
+    # -- encoding -------------------------------------------------------------
+
+    def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+        """Bind to the signature and encode; errors name the task and the argument."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise BadArgumentsError(f"task {self.name!r}: {exc} (signature: {self.name}{self.signature})") from None
+        try:
+            return (
+                codec.dumps(list(bound.args), what=f"arguments of task {self.name!r}"),
+                codec.dumps(bound.kwargs, what=f"keyword arguments of task {self.name!r}"),
+            )
+        except SerializationError:
+            # Re-encode one argument at a time so the message names the parameter.
+            for pname, value in bound.arguments.items():
+                codec.dumps(value, what=f"argument {pname!r} of task {self.name!r}")
+            raise
+
+
+class BoundTask:
+    """A task with fixed send options (from Task.with_options)."""
+
+    def __init__(self, task: Task[Any, Any], options: SendOptions) -> None:
+        self.task = task
+        self.options = options
+
+    def _params(self, task_id: Any, args_json: str, kwargs_json: str, delay: timedelta, good_until: datetime | None) -> dict[str, Any]:
+        t = self.task
+        return {
+            "id": task_id,
+            "name": t.name,
+            "queue": self.options.queue,
+            "priority": self.options.priority,
+            "args": args_json,
+            "kwargs": kwargs_json,
+            "max_retries": t.retry_policy.max_retries if t.retry_policy else 0,
+            "retry_policy": t._retry_json,
+            "good_until": good_until,
+            "delay": delay,
+        }
+
+    def _prepare(self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        good_until = kwargs.pop("good_until", None)
+        good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
+        args_json, kwargs_json = self.task.encode_arguments(args, kwargs)
+        return self._params(new_task_id(), args_json, kwargs_json, _check_delay(delay), good_until)
+
+    def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return self.schedule(timedelta(0), *args, **kwargs)
+
+    async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return await self.schedule_async(timedelta(0), *args, **kwargs)
+
+    def schedule(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        params = self._prepare(delay, args, kwargs)
+        self.task.app.broker.fetchall("insert_task", params)
+        return TaskHandle(self.task.app, params["id"], self.task.name)
+
+    async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        params = self._prepare(delay, args, kwargs)
+        await self.task.app.broker.afetchall("insert_task", params)
+        return TaskHandle(self.task.app, params["id"], self.task.name)
+
+    def _prepare_many(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[Any]]:
+        good_until = common.pop("good_until", None)
+        good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
+        ids: list[Any] = []
+        args_list: list[str] = []
+        kwargs_list: list[str] = []
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                args, kwargs = (), {**common, **item}
+            elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
+                args, kwargs = tuple(item), common
+            else:
+                raise BadArgumentsError(
+                    f"send_many of task {self.task.name!r}: item {index} must be a tuple/list of "
+                    f"positional arguments or a dict of keyword arguments, got {type(item).__name__}"
+                )
+            try:
+                a, k = self.task.encode_arguments(args, kwargs)
+            except (BadArgumentsError, SerializationError) as exc:
+                raise type(exc)(f"send_many item {index}: {exc}") from None
+            ids.append(new_task_id())
+            args_list.append(a)
+            kwargs_list.append(k)
+        base = self._params(None, "", "", timedelta(0), good_until)
+        chunks = []
+        for start in range(0, len(ids), SEND_MANY_CHUNK):
+            end = start + SEND_MANY_CHUNK
+            chunks.append({**base, "ids": ids[start:end], "args": args_list[start:end], "kwargs": kwargs_list[start:end]})
+        return chunks, ids
+
+    def send_many(self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any) -> list[TaskHandle[Any]]:
+        """Enqueue many in one transaction (one statement per 20,000): all or none."""
+        chunks, ids = self._prepare_many(items, common)
+        if chunks:
+            from tether.broker.queries import q
+
+            with self.task.app.broker.connection() as conn, conn.transaction():
+                for params in chunks:
+                    conn.execute(q("insert_tasks"), params)
+        return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
+
+    async def send_many_async(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
+    ) -> list[TaskHandle[Any]]:
+        chunks, ids = self._prepare_many(items, common)
+        if chunks:
+            from tether.broker.queries import q
+
+            pool = await self.task.app.broker.apool()
+            async with pool.connection() as conn, conn.transaction():
+                for params in chunks:
+                    await conn.execute(q("insert_tasks"), params)
+        return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
+
+
+def _check_good_until(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidOptionError(f"good_until must be a timezone-aware datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOptionError(
+            "good_until is a naive datetime; give it a timezone, e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+        )
+    return value
+
+
+def _check_delay(delay: Any) -> timedelta:
+    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
+        raise InvalidOptionError(f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}")
+    td = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+    if td < timedelta(0) or td > MAX_DELAY:
+        raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")
+    return td
+
+
+def check_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidOptionError(
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), got {priority!r}"
+        )
+    return priority
+
+
+def check_queue(queue: Any, declared: Sequence[str]) -> str:
+    if queue not in declared:
+        raise UnknownQueueError(
+            f"queue {queue!r} is not declared; declared queues: {', '.join(declared)}. "
+            "Add it to AppConfig(queues=[...])"
+        )
+    return str(queue)

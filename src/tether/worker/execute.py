@@ -1,0 +1,152 @@
+"""Running one task's code in a child process and turning what happened into an Outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import traceback
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from tether import codec
+from tether.app import Tether
+from tether.config import RetryPolicy
+from tether.errors import SerializationError
+from tether.result import ErrorCode, TaskError, TaskResult
+from tether.task import Task
+from tether.worker.protocol import TaskPayload
+
+log = logging.getLogger("tether.worker.execute")
+
+# Hints that JSON already produces exactly; converting them would only cost time.
+_PLAIN_HINTS: frozenset[Any] = frozenset(
+    {inspect.Parameter.empty, Any, int, str, float, bool, dict, list, type(None), None}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str  # COMPLETED | FAILED
+    result_json: str
+    error_code: str | None
+    error_message: str | None
+    retry_delay_s: float | None  # set when the failure will be retried
+
+    @property
+    def will_retry(self) -> bool:
+        return self.retry_delay_s is not None
+
+
+class Executor:
+    """Executes payloads against one app; keeps per-task decoding plans and an event loop."""
+
+    def __init__(self, app: Tether) -> None:
+        self.app = app
+        self._plans: dict[str, dict[str, Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, payload: TaskPayload) -> Outcome:
+        task = self.app.tasks.get(payload.name)
+        if task is None:
+            return failure(
+                payload,
+                TaskError(
+                    ErrorCode.TASK_NOT_REGISTERED,
+                    f"no task named {payload.name!r} is registered in this worker's app",
+                ),
+            )
+        try:
+            args, kwargs = self._decode(task, payload)
+        except SerializationError as exc:
+            return failure(payload, TaskError(ErrorCode.BAD_ARGUMENTS, str(exc)))
+        try:
+            value = self._call(task, args, kwargs)
+        except BaseException as exc:  # noqa: BLE001 - any escape from user code is its outcome
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            log.info("task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__)
+            return failure(
+                payload,
+                TaskError(
+                    ErrorCode.UNHANDLED_EXCEPTION,
+                    f"{type(exc).__name__}: {exc}",
+                    {"type": type(exc).__qualname__, "traceback": traceback.format_exc()},
+                ),
+            )
+        result = value if isinstance(value, TaskResult) else TaskResult(ok=value)
+        try:
+            result_json = codec.encode_result(result, what=f"result of task {payload.name!r}")
+        except SerializationError as exc:
+            return failure(payload, TaskError(ErrorCode.RESULT_NOT_SERIALIZABLE, str(exc)))
+        if result.is_ok:
+            return Outcome("COMPLETED", result_json, None, None, None)
+        err = result.err
+        assert err is not None
+        return Outcome("FAILED", result_json, str(err.code), err.message, retry_delay(payload, str(err.code)))
+
+    def _call(self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if not task.is_async:
+            return task.fn(*args, **kwargs)
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(task.fn(*args, **kwargs))
+
+    def _decode(self, task: Task[Any, Any], payload: TaskPayload) -> tuple[list[Any], dict[str, Any]]:
+        args = codec.loads(payload.args)
+        kwargs = codec.loads(payload.kwargs)
+        plan = self._plan(task)
+        if not plan:
+            return args, kwargs
+        try:
+            bound = task.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise SerializationError(f"stored arguments no longer fit task {task.name!r}: {exc}") from None
+        for pname, hint in plan.items():
+            if pname in bound.arguments:
+                bound.arguments[pname] = codec.decode_as(
+                    bound.arguments[pname], hint, what=f"argument {pname!r} of task {task.name!r}"
+                )
+        return list(bound.args), dict(bound.kwargs)
+
+    def _plan(self, task: Task[Any, Any]) -> dict[str, Any]:
+        """Which parameters need converting to their annotated type (dataclasses, models, ...)."""
+        plan = self._plans.get(task.name)
+        if plan is None:
+            try:
+                hints = typing.get_type_hints(task.fn)
+            except Exception as exc:  # noqa: BLE001 - unresolvable hints: pass values as decoded
+                log.warning("task %s: cannot resolve type hints (%s); arguments stay as decoded", task.name, exc)
+                hints = {}
+            plan = {
+                name: hints[name]
+                for name, param in task.signature.parameters.items()
+                if name in hints
+                and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+                and _needs_conversion(hints[name])
+            }
+            self._plans[task.name] = plan
+        return plan
+
+
+def _needs_conversion(hint: Any) -> bool:
+    try:
+        return hint not in _PLAIN_HINTS
+    except TypeError:  # unhashable hint
+        return True
+
+
+def retry_delay(payload: TaskPayload, code: str) -> float | None:
+    """Seconds until the retry, when the policy retries this code and retries are left."""
+    if payload.retry_policy is None:
+        return None
+    policy = RetryPolicy.from_json(codec.loads(payload.retry_policy))
+    if not policy.should_retry(code, payload.retry_count):
+        return None
+    return policy.delay_seconds(payload.retry_count + 1)
+
+
+def failure(payload: TaskPayload, error: TaskError) -> Outcome:
+    result_json = codec.encode_result(TaskResult(err=error))
+    return Outcome("FAILED", result_json, str(error.code), error.message, retry_delay(payload, str(error.code)))

@@ -1,0 +1,366 @@
+"""The worker's main process: claim tasks, hand them to children, keep the books, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections import deque
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from tether import __version__, codec
+from tether.app import Tether
+from tether.broker.queries import q
+from tether.config import WorkerConfig
+from tether.result import ErrorCode, TaskError, TaskResult
+from tether.worker import protocol
+from tether.worker.execute import Outcome, retry_delay
+from tether.worker.identity import Identity, current_identity
+from tether.worker.listener import listen_for_work
+from tether.worker.protocol import TaskPayload
+from tether.worker.recorder import Recorder
+from tether.worker.supervisor import ChildSlot, Supervisor
+
+log = logging.getLogger("tether.worker")
+
+
+class Worker:
+    def __init__(self, app: Tether, app_path: str, config: WorkerConfig | None = None) -> None:
+        self.app = app
+        self.app_path = app_path
+        self.config = config or app.config.worker
+        self.queues = list(self.config.queues or app.config.queues)
+        unknown = sorted(set(self.queues) - set(app.config.queues))
+        if unknown:
+            from tether.errors import UnknownQueueError
+
+            raise UnknownQueueError(
+                f"--queues names undeclared queue(s) {', '.join(unknown)}; "
+                f"declared queues: {', '.join(app.config.queues)}"
+            )
+        self.identity: Identity = current_identity()
+        self.capacity = self.config.processes + self.config.effective_prefetch
+        self.buffer: deque[TaskPayload] = deque()  # claimed, not yet handed to a child
+        self.inflight: dict[str, TaskPayload] = {}  # claimed by us and not yet recorded
+        self.stopping = False
+        self.stopped = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._maybe_more = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self._signals = 0
+        self.supervisor: Supervisor | None = None
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] | None = None
+        self.recorder: Recorder | None = None
+        self.tasks_done = 0
+
+    @property
+    def worker_id(self) -> str:
+        return self.identity.worker_id
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        url = await asyncio.to_thread(lambda: self.app.broker.url)  # also migrates if behind
+        bcfg = self.app.config.broker
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=3,
+            kwargs={"autocommit": True, "row_factory": dict_row, "application_name": "tether-worker"},
+            timeout=bcfg.connect_timeout_s,
+            name="tether-worker",
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+        )
+        await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
+        self.recorder = Recorder(url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)))
+        await self._execute("register_worker", {
+            "id": self.worker_id,
+            "hostname": self.identity.hostname,
+            "pid": self.identity.pid,
+            "process_started_at": self.identity.process_started_at,
+            "queues": self.queues,
+            "processes": self.config.processes,
+            "version": __version__,
+        })
+        log.info(
+            "worker %s started: queues=%s processes=%d prefetch=%d",
+            self.worker_id, ",".join(self.queues), self.config.processes, self.config.effective_prefetch,
+        )
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        self.supervisor = Supervisor(
+            processes=self.config.processes,
+            app_path=self.app_path,
+            url=url,
+            worker_id=self.worker_id,
+            log_level=logging.getLogger().getEffectiveLevel(),
+            on_message=self._on_message,
+            on_exit=self._on_child_exit,
+        )
+        self.supervisor.start(loop)
+        self._background = [
+            asyncio.create_task(listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)),
+            asyncio.create_task(self._heartbeat_loop()),
+        ]
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            await self._close()
+
+    def request_stop(self) -> None:
+        """First call: graceful stop. Second call: stop now (running tasks are recorded as crashed)."""
+        self._signals += 1
+        if self._signals == 1:
+            log.info("worker %s stopping: no new claims; running tasks may finish within %.0fs",
+                     self.worker_id, self.config.grace_period_s)
+            self.stopping = True
+            self._wake.set()
+        else:
+            log.warning("worker %s: second stop request, stopping now", self.worker_id)
+            self.stopped.set()
+            self._wake.set()
+
+    async def _drain(self) -> None:
+        """Give claimed-but-unstarted tasks back and let running ones finish within the grace period."""
+        await self._release(list(self.buffer))
+        self.buffer.clear()
+        assert self.supervisor is not None
+        for slot in self.supervisor.alive():
+            if slot.idle:
+                self.supervisor.send(slot, protocol.STOP)
+        try:
+            await asyncio.wait_for(self._all_children_gone(), self.config.grace_period_s)
+        except TimeoutError:
+            log.warning("grace period of %.0fs over: killing %d child(ren) still running",
+                        self.config.grace_period_s, len(self.supervisor.alive()))
+        await self._kill_children()
+
+    async def _all_children_gone(self) -> None:
+        assert self.supervisor is not None
+        while self.supervisor.alive() and not self.stopped.is_set():
+            await asyncio.sleep(0.05)
+
+    async def _kill_children(self) -> None:
+        assert self.supervisor is not None
+        self.supervisor.kill_all()
+        while self.supervisor.alive():
+            await asyncio.sleep(0.02)
+
+    async def _close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.supervisor is not None:
+            await self._kill_children()
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            await self._execute("stop_worker", {"id": self.worker_id})
+        except psycopg.Error as exc:
+            log.error("could not mark worker %s stopped: %s", self.worker_id, exc)
+        if self.pool is not None:
+            await self.pool.close()
+        if self.recorder is not None:
+            self.recorder.close()
+        log.info("worker %s stopped after %d task(s)", self.worker_id, self.tasks_done)
+
+    # -- claiming ----------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        backoff = 0.1
+        while not self.stopping:
+            free = self.capacity - len(self.inflight)
+            if free > 0 and self._maybe_more:
+                limit = min(free, self.config.claim_batch_size)
+                try:
+                    rows = await self._fetch("claim_tasks", {
+                        "queues": self.queues, "limit": limit, "worker_id": self.worker_id,
+                    })
+                    backoff = 0.1
+                except psycopg.Error as exc:
+                    log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                if len(rows) < limit:
+                    self._maybe_more = False
+                await self._accept([TaskPayload.from_row(r) for r in rows])
+                continue
+            await self._sleep_until_woken()
+
+    async def _sleep_until_woken(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_ms / 1000)
+        except TimeoutError:
+            self._maybe_more = True  # the fallback: nothing depends on a notification arriving
+        self._wake.clear()
+
+    async def _accept(self, claimed: list[TaskPayload]) -> None:
+        unknown = []
+        for task in claimed:
+            if task.name in self.app.tasks:
+                self.inflight[task.id] = task
+                self.buffer.append(task)
+            else:
+                unknown.append(task)
+        self._dispatch()
+        for task in unknown:
+            await self._fail_unregistered(task)
+
+    def _dispatch(self) -> None:
+        if self.supervisor is None:
+            return
+        for slot in self.supervisor.alive():
+            if not self.buffer or self.stopping:
+                return
+            if slot.idle:
+                task = self.buffer.popleft()
+                slot.current = task
+                if not self.supervisor.send(slot, protocol.RUN, task=task):
+                    slot.current = None
+                    self.buffer.appendleft(task)
+
+    def _on_work(self, due_in: float | None) -> None:
+        if due_in is None or due_in <= 0.005:
+            self._maybe_more = True
+            self._wake.set()
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + due_in
+        if self._timer is None or self._timer.when() > when:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._maybe_more = True
+        self._wake.set()
+
+    def _on_listening(self) -> None:
+        # Notifications sent while the listener was down are lost: look once.
+        self._maybe_more = True
+        self._wake.set()
+
+    # -- children --------------------------------------------------------------------
+
+    def _on_message(self, slot: ChildSlot, msg: dict[str, Any]) -> None:
+        assert self.supervisor is not None
+        op = msg["op"]
+        if op == protocol.READY:
+            slot.ready = True
+            if self.stopping:
+                self.supervisor.send(slot, protocol.STOP)
+        elif op == protocol.STARTED:
+            if msg["lost"]:
+                self.inflight.pop(msg["id"], None)
+                slot.current = None
+        elif op == protocol.NEXT:
+            if self.stopping:
+                self.supervisor.send(slot, protocol.STOP)
+            elif self.buffer:
+                slot.next = self.buffer.popleft()
+                self.supervisor.send(slot, protocol.RUN, task=slot.next)
+            else:
+                self.supervisor.send(slot, protocol.NONE)
+        elif op == protocol.DONE:
+            self.inflight.pop(msg["id"], None)
+            self.tasks_done += 1
+            slot.current = None
+            if msg["next_id"] is not None:
+                if msg["next_lost"]:
+                    self.inflight.pop(msg["next_id"], None)
+                else:
+                    slot.current = slot.next
+                slot.next = None
+            if self.stopping and slot.current is None:
+                self.supervisor.send(slot, protocol.STOP)
+        self._dispatch()
+        self._wake.set()  # a slot may have freed up
+
+    def _on_child_exit(self, slot: ChildSlot, code: int | None) -> None:
+        held = slot.held()
+        if held or not self.stopping:
+            log.error("child %d (pid %s) exited with code %s holding %d task(s)",
+                      slot.index, slot.pid, code, len(held))
+        if held:
+            asyncio.get_running_loop().create_task(self._record_crash(held))
+        if not self.stopping and self.supervisor is not None:
+            self.supervisor.spawn(slot.index)
+
+    async def _record_crash(self, held: list[TaskPayload]) -> None:
+        """The child died: its started task crashed, an unstarted one never ran and goes back."""
+        assert self.recorder is not None
+        for task in held:
+            error = TaskError(ErrorCode.WORKER_CRASHED, "the worker process running this task died")
+            outcome = Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code),
+                              error.message, retry_delay(task, str(error.code)))
+            recorded = await asyncio.to_thread(self._record_crash_sync, task, outcome)
+            self.inflight.pop(task.id, None)
+            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, recorded)
+        self._wake.set()
+
+    def _record_crash_sync(self, task: TaskPayload, outcome: Outcome) -> str:
+        assert self.recorder is not None
+        rows = self.recorder.run_fenced_outcome(task, outcome, expect="RUNNING")
+        if rows:
+            return "retry scheduled after WORKER_CRASHED" if outcome.will_retry else "FAILED with WORKER_CRASHED"
+        released = self.recorder.release([task])
+        return "released back to PENDING (its code never started)" if released else "already settled elsewhere"
+
+    # -- database helpers ---------------------------------------------------------------
+
+    async def _fail_unregistered(self, task: TaskPayload) -> None:
+        assert self.recorder is not None
+        error = TaskError(ErrorCode.TASK_NOT_REGISTERED,
+                          f"no task named {task.name!r} is registered in worker {self.worker_id}'s app")
+        outcome = Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code),
+                          error.message, retry_delay(task, str(error.code)))
+        log.error("task %s: %s; failing it", task.id, error.message)
+        await asyncio.to_thread(self.recorder.run_fenced_outcome, task, outcome, expect="CLAIMED")
+
+    async def _release(self, tasks: list[TaskPayload]) -> None:
+        if not tasks:
+            return
+        assert self.recorder is not None
+        n = await asyncio.to_thread(self.recorder.release, tasks)
+        for task in tasks:
+            self.inflight.pop(task.id, None)
+        log.info("released %d claimed task(s) back to PENDING", n)
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.app.config.recovery.claimer_heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._execute("touch_worker", {"id": self.worker_id})
+            except psycopg.Error as exc:
+                log.warning("worker heartbeat failed: %s", exc)
+
+    async def _fetch(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        assert self.pool is not None
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(q(name), params)
+            return await cur.fetchall()
+
+    async def _execute(self, name: str, params: dict[str, Any]) -> None:
+        assert self.pool is not None
+        async with self.pool.connection() as conn:
+            await conn.execute(q(name), params)
+
+
+def run_worker(app: Tether, app_path: str, config: WorkerConfig | None = None) -> None:
+    asyncio.run(Worker(app, app_path, config).run())
+
+
+__all__ = ["Worker", "run_worker", "timedelta"]

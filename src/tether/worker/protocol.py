@@ -1,0 +1,61 @@
+"""Messages between the worker's main process and its children.
+
+Small JSON objects over a multiprocessing pipe. Task arguments travel as the
+JSON text read from the row: the main process never decodes them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPayload:
+    id: str
+    name: str
+    args: str
+    kwargs: str
+    attempt: int
+    retry_count: int
+    max_retries: int
+    retry_policy: str | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TaskPayload:
+        return cls(
+            id=str(row["id"]),
+            name=row["name"],
+            args=row["args"],
+            kwargs=row["kwargs"],
+            attempt=row["attempt"],
+            retry_count=row["retry_count"],
+            max_retries=row["max_retries"],
+            retry_policy=row["retry_policy"],
+        )
+
+
+# main -> child
+RUN = "run"  # {"op": "run", "task": TaskPayload}: start this task (next, if asked)
+NONE = "none"  # answer to NEXT: nothing buffered; wait for RUN or STOP
+STOP = "stop"  # finish what you hold, record it, exit
+# child -> main
+READY = "ready"  # started, app imported, database connected
+STARTED = "started"  # {"id"}: the task is RUNNING (or {"id", "lost": true}: its claim was gone)
+NEXT = "next"  # {"id"}: finished running this task's code; asks for the next before recording
+DONE = "done"  # {"id", "status", "started": next id | None}: outcome recorded (or lost)
+
+
+def send(conn: Connection, op: str, **fields: Any) -> None:
+    if "task" in fields and isinstance(fields["task"], TaskPayload):
+        fields["task"] = asdict(fields["task"])
+    conn.send_bytes(json.dumps({"op": op, **fields}).encode())
+
+
+def recv(conn: Connection) -> dict[str, Any]:
+    msg: dict[str, Any] = json.loads(conn.recv_bytes())
+    if isinstance(msg.get("task"), dict):
+        msg["task"] = TaskPayload(**msg["task"])
+    return msg

@@ -1,0 +1,124 @@
+"""The app most integration tests run: tasks with observable side effects.
+
+Every task that runs writes a row to tether_test_ledger (its task id comes
+from the TETHER_TASK_ID-free trick of passing a token argument), so tests can
+count how many times each task's code ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
+
+app = Tether(AppConfig(queues=["default", "images", "low"]))
+
+
+def ledger(token: str) -> None:
+    """Record one execution of the task carrying ``token`` (a side effect tests can count)."""
+    with psycopg.connect(os.environ["TETHER_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS tether_test_ledger (token text, pid int, at timestamptz DEFAULT now())"
+        )
+        conn.execute("INSERT INTO tether_test_ledger (token, pid) VALUES (%s, %s)", (token, os.getpid()))
+
+
+@app.task("add")
+def add(a: int, b: int) -> TaskResult[int, TaskError]:
+    return TaskResult(ok=a + b)
+
+
+@app.task("noop")
+def noop() -> TaskResult[None, TaskError]:
+    return TaskResult(ok=None)
+
+
+@app.task("record")
+def record(token: str) -> TaskResult[str, TaskError]:
+    ledger(token)
+    return TaskResult(ok=token)
+
+
+@app.task("sleep")
+def sleep(seconds: float, token: str = "") -> TaskResult[float, TaskError]:
+    if token:
+        ledger(token)
+    time.sleep(seconds)
+    return TaskResult(ok=seconds)
+
+
+@app.task("fail")
+def fail(code: str, message: str = "it failed") -> TaskResult[None, TaskError]:
+    return TaskResult(err=TaskError(code, message, {"at": "fail"}))
+
+
+@app.task("boom")
+def boom(message: str) -> TaskResult[None, TaskError]:
+    raise RuntimeError(message)
+
+
+@app.task(
+    "flaky",
+    retry_policy=RetryPolicy.fixed(0.2, max_retries=2, auto_retry_for=["TRANSIENT"], jitter=0),
+)
+def flaky(token: str, fail_times: int) -> TaskResult[int, TaskError]:
+    """Fails with TRANSIENT the first ``fail_times`` runs (counted in the ledger)."""
+    ledger(token)
+    with psycopg.connect(os.environ["TETHER_DATABASE_URL"], autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM tether_test_ledger WHERE token = %s", (token,)).fetchone()
+    runs = row[0] if row else 0
+    if runs <= fail_times:
+        return TaskResult(err=TaskError("TRANSIENT", f"run {runs} fails"))
+    return TaskResult(ok=runs)
+
+
+@app.task(
+    "always_crashy",
+    retry_policy=RetryPolicy.exponential(0.1, max_retries=1, auto_retry_for=[ErrorCode.UNHANDLED_EXCEPTION], jitter=0),
+)
+def always_crashy(token: str) -> TaskResult[None, TaskError]:
+    ledger(token)
+    raise ValueError("never works")
+
+
+@app.task("crash_child")
+def crash_child(token: str) -> TaskResult[None, TaskError]:
+    ledger(token)
+    os._exit(13)  # the child process dies mid-task
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
+
+
+class Order(BaseModel):
+    id: UUID
+    total: Decimal
+    placed_at: datetime
+
+
+@app.task("typed")
+def typed(point: Point, order: Order, when: datetime) -> TaskResult[dict[str, object], TaskError]:
+    assert isinstance(point, Point), type(point)
+    assert isinstance(order, Order), type(order)
+    return TaskResult(ok={"sum": point.x + point.y, "total": order.total, "when": when, "id": order.id})
+
+
+@app.task("echo_async")
+async def echo_async(value: str) -> TaskResult[str, TaskError]:
+    return TaskResult(ok=value.upper())
+
+
+@app.task("plain_return")
+def plain_return(value: int) -> int:
+    return value * 2

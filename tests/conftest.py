@@ -1,0 +1,187 @@
+"""Test infrastructure: one fresh database per test run, real worker processes, cleanup by pid.
+
+The server is the local/external one named by TETHER_TEST_DATABASE_URL when set,
+otherwise a private embedded PostgreSQL started for this run in a temporary
+folder and stopped (by its pid) at the end. Either way the run creates its own
+database and drops it afterwards, so runs never share state.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+REPO = Path(__file__).resolve().parent.parent
+TABLES = ["tether_task_attempts", "tether_tasks", "tether_workers"]
+
+
+def _server_url() -> Iterator[str]:
+    external = os.environ.get("TETHER_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    from tether.db.embedded import EmbeddedServer
+
+    base = Path(tempfile.mkdtemp(prefix="tether-test-pg-", dir="/tmp"))
+    base.chmod(0o755)  # the embedded server may run as its own system user
+    server = EmbeddedServer.start(base / "data")
+    try:
+        yield server.url("postgres")
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    yield from _server_url()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    name = f"tether_test_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(server_url)
+    params["dbname"] = name
+    url = make_conninfo(**params)  # type: ignore[arg-type]
+    old = os.environ.get("TETHER_DATABASE_URL")
+    os.environ["TETHER_DATABASE_URL"] = url
+    from tether.db.migrate import migrate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+    try:
+        yield url
+    finally:
+        if old is None:
+            os.environ.pop("TETHER_DATABASE_URL", None)
+        else:
+            os.environ["TETHER_DATABASE_URL"] = old
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A clean database: every tether table emptied before the test."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, TABLES))))
+        yield conn
+
+
+@dataclass
+class WorkerProcess:
+    """A real `tether worker` process started by a test."""
+
+    proc: subprocess.Popen[bytes]
+    app_path: str
+    log_path: Path
+    worker_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"worker {self.pid} did not stop within {timeout}s\n{self.log()}") from None
+
+    def kill(self) -> None:
+        # Kill the worker's whole process group (main + children), by pid.
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+
+
+class WorkerFactory:
+    def __init__(self, database_url: str, tmp: Path) -> None:
+        self.database_url = database_url
+        self.tmp = tmp
+        self.started: list[WorkerProcess] = []
+
+    def start(self, app_path: str = "tests.apps.basic:app", *args: str, wait: bool = True,
+              env: dict[str, str] | None = None) -> WorkerProcess:
+        log_path = self.tmp / f"worker-{len(self.started)}.log"
+        full_env = {**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tether", "--log-level", "INFO", "worker", app_path, *args],
+                cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a test can kill it whole
+            )
+        worker = WorkerProcess(proc, app_path, log_path)
+        self.started.append(worker)
+        if wait:
+            worker.worker_id = self.wait_registered(worker)
+        return worker
+
+    def wait_registered(self, worker: WorkerProcess, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                if worker.proc.poll() is not None:
+                    raise AssertionError(f"worker exited with {worker.proc.returncode}\n{worker.log()}")
+                row = conn.execute(
+                    "SELECT id FROM tether_workers WHERE pid = %s AND hostname = %s AND status = 'active'",
+                    (worker.pid, socket.gethostname()),
+                ).fetchone()
+                if row:
+                    return str(row[0])
+                time.sleep(0.05)
+        raise AssertionError(f"worker {worker.pid} did not register within {timeout}s\n{worker.log()}")
+
+    def cleanup(self) -> None:
+        for worker in self.started:
+            worker.kill()
+
+
+@pytest.fixture
+def workers(database_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+    factory = WorkerFactory(database_url, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+def wait_until(predicate: Any, timeout: float = 30, interval: float = 0.02, message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (database state has no push channel for tests)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
