@@ -1,9 +1,7 @@
-"""JSON codec for task arguments and results, stored in jsonb columns.
-
-Never pickle: decoding builds only plain data and the stdlib types in _DECODERS.
-No tag names a module or class, so a row can never make a worker import or call
-anything. Dataclasses and pydantic models come back as dicts; decode_as rebuilds
-them from a type hint taken from the worker's own code, never from the row.
+"""JSON codec for task arguments and results (jsonb columns). Never pickle: decoding
+builds only plain data and the stdlib types in _DECODERS, and no tag names a module or
+class, so a row can never make a worker import or call anything. Dataclasses and pydantic
+models come back as dicts; decode_as rebuilds them from a hint in the worker's own code.
 """
 
 from __future__ import annotations
@@ -31,18 +29,38 @@ from tether.result import TaskError, TaskResult
 
 __all__ = ["decode", "decode_as", "decode_result", "dumps", "encode_result", "loads"]
 
-# Non-JSON scalars are stored as {"__tether__": <tag>, "v": <json>}. A user dict
-# with a "__tether__" key is escaped as tag "dict" holding a list of [key, value]
-# pairs: json.loads runs object_hook bottom-up, so the escaped dict must not
-# itself look like a tagged object.
+# Non-JSON scalars are stored as {"__tether__": <tag>, "v": <json>}. A user dict with a
+# "__tether__" key is escaped as tag "dict" with a list of [key, value] pairs: object_hook
+# runs bottom-up, so the escaped dict must not itself look like a tagged object.
 _TAG = "__tether__"
 _TAG_KEY = '"__tether__":'  # a tag (or a user key to escape) in compact output
-# json.dumps silently turns int/float/bool/None keys into strings, which would
-# come back as str keys. In the output they look like this; a hit (or a real
-# str key such as "42") sends the value down the slow walk, which checks keys.
+# json.dumps silently turns int/float/bool/None keys into strings (back as str keys). They
+# look like this in the output; a hit (or a str key like "42") sends dumps to the slow walk.
 _CONVERTED_KEY = re.compile(r'"(?:-?\d[-+.\deE]*|true|false|null)":')
 _NO_NAN = "cannot be stored (jsonb has no NaN or Infinity); send None, a string or a Decimal"
 _NO_KEY = "not a str; JSON keys are strings: convert keys with str() or send a list of pairs"
+
+
+def _unstorable(s: str) -> str | None:
+    """Why PostgreSQL cannot store the string `s` in jsonb or text, or None if it can."""
+    if "\x00" in s:
+        return "it contains a NUL character (\\x00), which PostgreSQL cannot store; remove it or send bytes"
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (
+                f"it contains {s[e.start]!r} at index {e.start}, a lone surrogate that is not "
+                "valid UTF-8 (PostgreSQL cannot store it)"
+            )
+    return None
+
+
+def _maybe_unstorable(text: str) -> bool:
+    """A cheap look at encoded JSON text: might a string in it be unstorable? (The walk decides.)"""
+    if "\\u0000" in text:  # also an escaped backslash followed by u0000: a false alarm, rare
+        return True
+    return not text.isascii() and _unstorable(text) is not None
 
 
 class _Refused(Exception):
@@ -84,7 +102,7 @@ def _expand(o: object) -> Any:
     if isinstance(o, Enum):
         return o.value
     if isinstance(o, BaseModel):
-        return o.model_dump(mode="python")  # its datetimes etc. are then tagged by us
+        return o.model_dump(mode="python", by_alias=True)  # by alias: validation reads those
     if is_dataclass(o) and not isinstance(o, type):
         # Shallow on purpose (not asdict): nested values go through this codec again.
         return {f.name: getattr(o, f.name) for f in fields(o)}
@@ -101,9 +119,8 @@ def _expand(o: object) -> Any:
     )
 
 
-# How many tags _default wrote in this thread during the current dumps: it lets
-# dumps tell our tags from user "__tether__" keys (which need escaping) in the
-# text, without encoding twice.
+# Tags _default wrote in this thread during the current dumps: they let dumps tell our tags
+# from user "__tether__" keys (which need escaping) in the text, without encoding twice.
 class _Count(threading.local):
     tags = 0
 
@@ -119,17 +136,12 @@ def _default(o: object) -> Any:
     return tagged
 
 
-# json.dumps builds a JSONEncoder and closures on every call; a C encoder made
-# once is several times faster. markers=None (no cycle check) keeps it stateless,
-# so threads share it: a cycle ends in RecursionError, then the slow walk names it.
+# json.dumps builds a JSONEncoder and closures per call; a C encoder made once is several
+# times faster. markers=None keeps it stateless, so threads share it (a cycle: RecursionError).
 # Arguments: markers, default, encoder, indent, separators, sort_keys, skipkeys, allow_nan.
-_encoder = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+_encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
     None, _default, json.encoder.encode_basestring, None, ":", ",", False, False, False
 )
-
-
-def _fast(value: Any) -> str:
-    return "".join(_encoder(value, 0))
 
 
 def dumps(value: Any, *, what: str = "value") -> str:
@@ -137,61 +149,64 @@ def dumps(value: Any, *, what: str = "value") -> str:
     outer = _count.tags  # a dumps nested in a user's serializer keeps its count apart
     _count.tags = 0
     try:
-        text: str | None = _fast(value)
+        text: str | None = "".join(_encode(value, 0))
         tags = _count.tags
     except Exception:  # any failure: the slow walk explains it precisely, with a path
         text, tags = None, 0
     finally:
         _count.tags = outer
-    if text is None or text.count(_TAG_KEY) != tags or _CONVERTED_KEY.search(text):
+    if text is None or text.count(_TAG_KEY) != tags or _CONVERTED_KEY.search(text) or _maybe_unstorable(text):
         return _slow(value, what)
     return text
 
 
 def _slow(value: Any, what: str) -> str:
     try:
-        return _fast(_walk(value, "", what, set()))  # plain data now: _default is not called
+        return "".join(_encode(_walk(value, "", what), 0))  # plain data: no _default calls
     except SerializationError:
         raise
-    except (RecursionError, ValueError) as e:  # too deep; an int too long to print
-        raise SerializationError(f"cannot serialise {what}: {e}") from None
+    except (RecursionError, ValueError) as e:  # too deep or cyclic; an int too long to print
+        problem = "nested too deeply, or a reference cycle" if isinstance(e, RecursionError) else e
+        raise SerializationError(f"cannot serialise {what}: {problem}") from None
 
 
 def _fail(what: str, path: str, problem: str) -> SerializationError:
     return SerializationError(f"cannot serialise {what}{' at ' + path if path else ''}: {problem}")
 
 
-def _walk(o: Any, path: str, what: str, active: set[int]) -> Any:
+def _walk(o: Any, path: str, what: str) -> Any:
     """Convert `o` to plain JSON data (tags and escapes applied), tracking the path."""
-    if o is None or isinstance(o, str | int):  # bool, IntEnum and StrEnum included
+    if isinstance(o, str):  # StrEnum included
+        problem = _unstorable(o)
+        if problem:
+            raise _fail(what, path, f"the string {o!r:.80}: {problem}")
+        return o
+    if o is None or isinstance(o, int):  # bool and IntEnum included
         return o
     if isinstance(o, float):
         if math.isfinite(o):
             return o
         raise _fail(what, path, f"the float {o!r} {_NO_NAN}")
-    if id(o) in active:
-        raise _fail(what, path, "the value contains itself (a reference cycle); send a tree")
-    active.add(id(o))
+    if isinstance(o, dict):
+        out: dict[str, Any] = {}
+        for k, v in o.items():
+            if not isinstance(k, str):
+                raise _fail(what, path, f"dict key {k!r} ({_type_name(k)}) is {_NO_KEY}")
+            problem = _unstorable(k)
+            if problem:
+                raise _fail(what, path, f"dict key {k!r:.80}: {problem}")
+            out[k] = _walk(v, f"{path}[{k!r}]", what)
+        return {_TAG: "dict", "v": [[k, v] for k, v in out.items()]} if _TAG in out else out
+    if isinstance(o, list | tuple):
+        return [_walk(v, f"{path}[{i}]", what) for i, v in enumerate(o)]
     try:
-        if isinstance(o, dict):
-            out: dict[str, Any] = {}
-            for k, v in o.items():
-                if not isinstance(k, str):
-                    raise _fail(what, path, f"dict key {k!r} is a {_type_name(k)}, {_NO_KEY}")
-                out[k] = _walk(v, f"{path}[{k!r}]", what, active)
-            return {_TAG: "dict", "v": [[k, v] for k, v in out.items()]} if _TAG in out else out
-        if isinstance(o, list | tuple):
-            return [_walk(v, f"{path}[{i}]", what, active) for i, v in enumerate(o)]
-        try:
-            tagged = _tag(o)
-            expanded = _expand(o) if tagged is None else None
-        except _Refused as e:
-            raise _fail(what, path, str(e)) from None
-        except Exception as e:  # e.g. a pydantic serializer of the user's that raised
-            raise _fail(what, path, f"converting {_type_name(o)} failed: {e!r}") from e
-        return tagged if tagged is not None else _walk(expanded, path, what, active)
-    finally:
-        active.discard(id(o))
+        tagged = _tag(o)
+        expanded = _expand(o) if tagged is None else None
+    except _Refused as e:
+        raise _fail(what, path, str(e)) from None
+    except Exception as e:  # e.g. a pydantic serializer of the user's that raised
+        raise _fail(what, path, f"converting {_type_name(o)} failed: {e!r}") from e
+    return tagged if tagged is not None else _walk(expanded, path, what)
 
 
 # Every tag there is: the type "v" must have, and a constructor of a stdlib type.
@@ -213,13 +228,9 @@ def _hook(d: dict[str, Any]) -> Any:
         return d
     tag = d[_TAG]
     decoder = _DECODERS.get(tag) if isinstance(tag, str) else None
-    if decoder is None:
-        raise SerializationError(
-            f"cannot decode: unknown tag {tag!r} (known: {', '.join(_DECODERS)}); "
-            "this data was not written by tether and is refused"
-        )
-    if len(d) != 2 or "v" not in d:
-        raise SerializationError(f"cannot decode: malformed {tag!r} value {d!r:.200}")
+    if decoder is None or len(d) != 2 or "v" not in d:  # not written by tether: refused
+        what = "unknown tag" if decoder is None else "malformed tagged value"
+        raise SerializationError(f"cannot decode: {what} {tag!r} in {d!r:.200}")
     kind, make = decoder
     try:
         if not isinstance(d["v"], kind):
@@ -241,8 +252,7 @@ _TAG_DECODER = json.JSONDecoder(parse_constant=_no_constant, object_hook=_hook)
 def loads(text: str | bytes) -> Any:
     """Parse JSON text written by `dumps` (or by jsonb) and restore tagged values."""
     try:
-        if isinstance(text, bytes | bytearray):
-            text = text.decode("utf-8")
+        text = text.decode("utf-8") if isinstance(text, bytes | bytearray) else text
         # No tag anywhere (the common case): no Python call per object.
         decoder = _TAG_DECODER if '"__tether__"' in text else _PLAIN_DECODER
         return decoder.decode(text)
@@ -299,7 +309,7 @@ def encode_result(result: TaskResult[Any, Any], *, what: str = "result") -> str:
     err = result.err
     if err is None:
         return '{"ok":' + dumps(result.ok, what=what) + "}"
-    head = _fast({"code": str(err.code), "message": str(err.message)})
+    head = dumps({"code": str(err.code), "message": str(err.message)}, what=f"{what} error")
     data = dumps(err.data, what=f"{what} error data")
     return '{"err":' + head[:-1] + ',"data":' + data + "}}"
 

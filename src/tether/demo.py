@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from uuid import UUID
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,7 +31,9 @@ def resize(image_id: int, width: int) -> TaskResult[str, TaskError]:
 
 def run_demo(console: Console, *, count: int, processes: int) -> int:
     console.rule("[bold]tether demo")
-    console.print("1. Finding the database (the embedded PostgreSQL starts on first use and is reused after)...")
+    console.print(
+        "1. Finding the database (the embedded PostgreSQL starts on first use and is reused after)..."
+    )
     url = resolve_database_url(app.config.broker)
     console.print(f"   database: {mask_url(url)}")
     app.broker.url  # noqa: B018 - resolve and migrate the schema now, not inside the progress bar
@@ -38,8 +41,19 @@ def run_demo(console: Console, *, count: int, processes: int) -> int:
     console.print(f"2. Starting a worker with {processes} child processes...")
     env = {**os.environ, "TETHER_DATABASE_URL": url}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tether", "--log-level", "WARNING", "worker", "tether.demo:app",
-         "--processes", str(processes), "--grace-period", "10"],
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "--log-level",
+            "WARNING",
+            "worker",
+            "tether.demo:app",
+            "--processes",
+            str(processes),
+            "--grace-period",
+            "10",
+        ],
         env=env,
     )
     try:
@@ -92,7 +106,7 @@ def _wait_for_worker(worker: subprocess.Popen[bytes], timeout: float) -> str:
     raise RuntimeError(f"the demo worker did not register within {timeout:.0f}s")
 
 
-def _watch(console: Console, ids: list[object], count: int, worker: subprocess.Popen[bytes]) -> int:
+def _watch(console: Console, ids: list[UUID], count: int, worker: subprocess.Popen[bytes]) -> int:
     columns = (TextColumn("   running"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("tasks", total=count)

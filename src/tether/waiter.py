@@ -91,4 +91,7 @@ class ResultListener:
 
 
 def threadsafe_async_event(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Wake:
-    return lambda: loop.call_soon_threadsafe(event.set)
+    def wake() -> None:
+        loop.call_soon_threadsafe(event.set)
+
+    return wake

@@ -19,10 +19,10 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from tether.broker.queries import q
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
-from tether.broker.queries import q
 
 log = logging.getLogger("tether.broker")
 
@@ -98,7 +98,7 @@ class PostgresBroker:
         loop = asyncio.get_running_loop()
         if self._apool is None or self._apool_loop is not loop:
             # Resolving the URL may start the embedded server: keep it off the event loop.
-            url = self._url or await asyncio.to_thread(lambda: self.url)
+            url: str = self._url if self._url is not None else await asyncio.to_thread(lambda: self.url)
             pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
                 url,
                 min_size=self.config.pool_min_size,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -29,11 +29,11 @@ def _all() -> dict[str, LiteralString]:
                 raise RuntimeError(f"SQL statement {name!r} is defined twice ({entry.name})")
             statement = _strip_comments(body)
             # The files ship with the package; they are as trusted as this code.
-            found[name] = cast(LiteralString, statement)
+            found[name] = statement
     return found
 
 
-def _strip_comments(body: str) -> str:
+def _strip_comments(body: str) -> LiteralString:
     lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
     return "\n".join(lines).strip().rstrip(";")
 

@@ -41,9 +41,7 @@ def unreachable(url: str, exc: BaseException) -> DatabaseUnreachableError:
 def connect(url: str, config: PostgresConfig, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A plain sync connection (dict rows). Raises DatabaseUnreachableError naming the masked URL."""
     try:
-        return psycopg.connect(
-            url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config)
-        )
+        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config))
     except psycopg.OperationalError as exc:
         raise unreachable(url, exc) from exc
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 
@@ -88,15 +88,13 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             log.info("applying migration %04d_%s", mig.version, mig.name)
             try:
                 with conn.transaction():
-                    conn.execute(cast(LiteralString, mig.sql))
+                    conn.execute(mig.sql)
                     conn.execute(
                         "INSERT INTO tether_schema_version (version, name) VALUES (%s, %s)",
                         (mig.version, mig.name),
                     )
             except psycopg.Error as exc:
-                raise SchemaError(
-                    f"migration {mig.version:04d}_{mig.name} failed: {exc}"
-                ) from exc
+                raise SchemaError(f"migration {mig.version:04d}_{mig.name} failed: {exc}") from exc
             applied.append(mig.version)
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

@@ -48,11 +48,15 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tether-parent-watchdog", daemon=True).start()
 
 
-def child_main(conn: Connection, app_path: str, url: str, worker_id: str, parent_pid: int, log_level: int) -> None:
+def child_main(
+    conn: Connection, app_path: str, url: str, worker_id: str, parent_pid: int, log_level: int
+) -> None:
     die_with_parent(parent_pid)
     # Ctrl-C in a terminal reaches the whole process group; shutdown is the main process's call.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"
+    )
     app = load_app(app_path)
     executor = Executor(app)
     recorder = Recorder(url, worker_id, connect_timeout=max(1, round(app.config.broker.connect_timeout_s)))
@@ -96,4 +100,3 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
         if reply["op"] == protocol.STOP:
             return
         current = next_task if next_started else None
-

@@ -63,7 +63,7 @@ class Executor:
             return failure(payload, TaskError(ErrorCode.BAD_ARGUMENTS, str(exc)))
         try:
             value = self._call(task, args, kwargs)
-        except BaseException as exc:  # noqa: BLE001 - any escape from user code is its outcome
+        except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             log.info("task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__)
@@ -116,8 +116,10 @@ class Executor:
         if plan is None:
             try:
                 hints = typing.get_type_hints(task.fn)
-            except Exception as exc:  # noqa: BLE001 - unresolvable hints: pass values as decoded
-                log.warning("task %s: cannot resolve type hints (%s); arguments stay as decoded", task.name, exc)
+            except Exception as exc:
+                log.warning(
+                    "task %s: cannot resolve type hints (%s); arguments stay as decoded", task.name, exc
+                )
                 hints = {}
             plan = {
                 name: hints[name]
@@ -149,4 +151,6 @@ def retry_delay(payload: TaskPayload, code: str) -> float | None:
 
 def failure(payload: TaskPayload, error: TaskError) -> Outcome:
     result_json = codec.encode_result(TaskResult(err=error))
-    return Outcome("FAILED", result_json, str(error.code), error.message, retry_delay(payload, str(error.code)))
+    return Outcome(
+        "FAILED", result_json, str(error.code), error.message, retry_delay(payload, str(error.code))
+    )

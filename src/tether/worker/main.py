@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 from collections import deque
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +22,7 @@ from tether.worker.execute import Outcome, retry_delay
 from tether.worker.identity import Identity, current_identity
 from tether.worker.listener import listen_for_work
 from tether.worker.protocol import TaskPayload
+from tether.worker.reaper import reaper_loop
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
 
@@ -58,6 +58,8 @@ class Worker:
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] | None = None
         self.recorder: Recorder | None = None
         self.tasks_done = 0
+        self._no_children = asyncio.Event()
+        self._recording: set[asyncio.Task[None]] = set()
 
     @property
     def worker_id(self) -> str:
@@ -81,18 +83,24 @@ class Worker:
         )
         await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
         self.recorder = Recorder(url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)))
-        await self._execute("register_worker", {
-            "id": self.worker_id,
-            "hostname": self.identity.hostname,
-            "pid": self.identity.pid,
-            "process_started_at": self.identity.process_started_at,
-            "queues": self.queues,
-            "processes": self.config.processes,
-            "version": __version__,
-        })
+        await self._execute(
+            "register_worker",
+            {
+                "id": self.worker_id,
+                "hostname": self.identity.hostname,
+                "pid": self.identity.pid,
+                "process_started_at": self.identity.process_started_at,
+                "queues": self.queues,
+                "processes": self.config.processes,
+                "version": __version__,
+            },
+        )
         log.info(
             "worker %s started: queues=%s processes=%d prefetch=%d",
-            self.worker_id, ",".join(self.queues), self.config.processes, self.config.effective_prefetch,
+            self.worker_id,
+            ",".join(self.queues),
+            self.config.processes,
+            self.config.effective_prefetch,
         )
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -108,8 +116,11 @@ class Worker:
         )
         self.supervisor.start(loop)
         self._background = [
-            asyncio.create_task(listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)),
+            asyncio.create_task(
+                listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)
+            ),
             asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(reaper_loop(self.pool, self.app.config.recovery)),
         ]
         try:
             await self._claim_loop()
@@ -121,8 +132,11 @@ class Worker:
         """First call: graceful stop. Second call: stop now (running tasks are recorded as crashed)."""
         self._signals += 1
         if self._signals == 1:
-            log.info("worker %s stopping: no new claims; running tasks may finish within %.0fs",
-                     self.worker_id, self.config.grace_period_s)
+            log.info(
+                "worker %s stopping: no new claims; running tasks may finish within %.0fs",
+                self.worker_id,
+                self.config.grace_period_s,
+            )
             self.stopping = True
             self._wake.set()
         else:
@@ -141,20 +155,34 @@ class Worker:
         try:
             await asyncio.wait_for(self._all_children_gone(), self.config.grace_period_s)
         except TimeoutError:
-            log.warning("grace period of %.0fs over: killing %d child(ren) still running",
-                        self.config.grace_period_s, len(self.supervisor.alive()))
+            log.warning(
+                "grace period of %.0fs over: killing %d child(ren) still running",
+                self.config.grace_period_s,
+                len(self.supervisor.alive()),
+            )
         await self._kill_children()
 
     async def _all_children_gone(self) -> None:
+        """Until every child has exited, or a second stop request cuts the wait short."""
         assert self.supervisor is not None
-        while self.supervisor.alive() and not self.stopped.is_set():
-            await asyncio.sleep(0.05)
+        if not self.supervisor.alive():
+            return
+        gone = asyncio.create_task(self._no_children.wait())
+        now = asyncio.create_task(self.stopped.wait())
+        try:
+            await asyncio.wait({gone, now}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            now.cancel()
 
     async def _kill_children(self) -> None:
         assert self.supervisor is not None
-        self.supervisor.kill_all()
-        while self.supervisor.alive():
-            await asyncio.sleep(0.02)
+        if self.supervisor.alive():
+            self.supervisor.kill_all()
+            await self._no_children.wait()
+        # A killed child's tasks are being recorded (crashed or released): let that finish.
+        if self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     async def _close(self) -> None:
         for task in self._background:
@@ -183,9 +211,14 @@ class Worker:
             if free > 0 and self._maybe_more:
                 limit = min(free, self.config.claim_batch_size)
                 try:
-                    rows = await self._fetch("claim_tasks", {
-                        "queues": self.queues, "limit": limit, "worker_id": self.worker_id,
-                    })
+                    rows = await self._fetch(
+                        "claim_tasks",
+                        {
+                            "queues": self.queues,
+                            "limit": limit,
+                            "worker_id": self.worker_id,
+                        },
+                    )
                     backoff = 0.1
                 except psycopg.Error as exc:
                     log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
@@ -291,20 +324,34 @@ class Worker:
     def _on_child_exit(self, slot: ChildSlot, code: int | None) -> None:
         held = slot.held()
         if held or not self.stopping:
-            log.error("child %d (pid %s) exited with code %s holding %d task(s)",
-                      slot.index, slot.pid, code, len(held))
+            log.error(
+                "child %d (pid %s) exited with code %s holding %d task(s)",
+                slot.index,
+                slot.pid,
+                code,
+                len(held),
+            )
         if held:
-            asyncio.get_running_loop().create_task(self._record_crash(held))
+            recording = asyncio.get_running_loop().create_task(self._record_crash(held))
+            self._recording.add(recording)
+            recording.add_done_callback(self._recording.discard)
         if not self.stopping and self.supervisor is not None:
             self.supervisor.spawn(slot.index)
+        elif self.supervisor is not None and not self.supervisor.alive():
+            self._no_children.set()
 
     async def _record_crash(self, held: list[TaskPayload]) -> None:
         """The child died: its started task crashed, an unstarted one never ran and goes back."""
         assert self.recorder is not None
         for task in held:
             error = TaskError(ErrorCode.WORKER_CRASHED, "the worker process running this task died")
-            outcome = Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code),
-                              error.message, retry_delay(task, str(error.code)))
+            outcome = Outcome(
+                "FAILED",
+                codec.encode_result(TaskResult(err=error)),
+                str(error.code),
+                error.message,
+                retry_delay(task, str(error.code)),
+            )
             recorded = await asyncio.to_thread(self._record_crash_sync, task, outcome)
             self.inflight.pop(task.id, None)
             log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, recorded)
@@ -314,18 +361,29 @@ class Worker:
         assert self.recorder is not None
         rows = self.recorder.run_fenced_outcome(task, outcome, expect="RUNNING")
         if rows:
-            return "retry scheduled after WORKER_CRASHED" if outcome.will_retry else "FAILED with WORKER_CRASHED"
+            return (
+                "retry scheduled after WORKER_CRASHED" if outcome.will_retry else "FAILED with WORKER_CRASHED"
+            )
         released = self.recorder.release([task])
-        return "released back to PENDING (its code never started)" if released else "already settled elsewhere"
+        return (
+            "released back to PENDING (its code never started)" if released else "already settled elsewhere"
+        )
 
     # -- database helpers ---------------------------------------------------------------
 
     async def _fail_unregistered(self, task: TaskPayload) -> None:
         assert self.recorder is not None
-        error = TaskError(ErrorCode.TASK_NOT_REGISTERED,
-                          f"no task named {task.name!r} is registered in worker {self.worker_id}'s app")
-        outcome = Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code),
-                          error.message, retry_delay(task, str(error.code)))
+        error = TaskError(
+            ErrorCode.TASK_NOT_REGISTERED,
+            f"no task named {task.name!r} is registered in worker {self.worker_id}'s app",
+        )
+        outcome = Outcome(
+            "FAILED",
+            codec.encode_result(TaskResult(err=error)),
+            str(error.code),
+            error.message,
+            retry_delay(task, str(error.code)),
+        )
         log.error("task %s: %s; failing it", task.id, error.message)
         await asyncio.to_thread(self.recorder.run_fenced_outcome, task, outcome, expect="CLAIMED")
 
@@ -363,4 +421,4 @@ def run_worker(app: Tether, app_path: str, config: WorkerConfig | None = None) -
     asyncio.run(Worker(app, app_path, config).run())
 
 
-__all__ = ["Worker", "run_worker", "timedelta"]
+__all__ = ["Worker", "run_worker"]

@@ -34,7 +34,9 @@ Row = dict[str, Any]
 
 
 class Recorder:
-    def __init__(self, url: str, worker_id: str, *, connect_timeout: int = 5, give_up_after_s: float = 300.0) -> None:
+    def __init__(
+        self, url: str, worker_id: str, *, connect_timeout: int = 5, give_up_after_s: float = 300.0
+    ) -> None:
         self.url = url
         self.worker_id = worker_id
         self.hostname = socket.gethostname()
@@ -70,7 +72,12 @@ class Recorder:
                 if self._conn is not None:
                     self._conn.close()
                 if time.monotonic() > deadline:
-                    log.error("giving up on %s after %.0fs without the database: %s", what, self.give_up_after_s, exc)
+                    log.error(
+                        "giving up on %s after %.0fs without the database: %s",
+                        what,
+                        self.give_up_after_s,
+                        exc,
+                    )
                     raise
                 log.warning("database connection lost during %s (%s); retrying in %.2fs", what, exc, delay)
                 time.sleep(delay)
@@ -89,7 +96,9 @@ class Recorder:
             return True
         return self._explain_miss(task, "start", retried, applied_status="RUNNING")
 
-    def record(self, task: TaskPayload, outcome: Outcome, next_task: TaskPayload | None = None) -> tuple[bool, bool | None]:
+    def record(
+        self, task: TaskPayload, outcome: Outcome, next_task: TaskPayload | None = None
+    ) -> tuple[bool, bool | None]:
         """Record the outcome (and start ``next_task`` in the same transaction).
 
         Returns (outcome recorded, next started or None when there was no next).
@@ -112,7 +121,9 @@ class Recorder:
             started = self._explain_miss(next_task, "start", retried, applied_status="RUNNING")
         return recorded, started
 
-    def _outcome_statement(self, task: TaskPayload, outcome: Outcome, expect: str = "RUNNING") -> tuple[str, dict[str, Any]]:
+    def _outcome_statement(
+        self, task: TaskPayload, outcome: Outcome, expect: str = "RUNNING"
+    ) -> tuple[str, dict[str, Any]]:
         params = {
             **self._fence(task, expect),
             "expect": expect,
@@ -131,7 +142,9 @@ class Recorder:
     def run_fenced_outcome(self, task: TaskPayload, outcome: Outcome, *, expect: str) -> bool:
         """Record an outcome decided outside the child (crash, unregistered): status ``expect`` -> outcome."""
         name, params = self._outcome_statement(task, outcome, expect=expect)
-        rows, retried = self._with_retry(f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchall())
+        rows, retried = self._with_retry(
+            f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchall()
+        )
         if rows:
             return True
         if not retried:
@@ -142,7 +155,9 @@ class Recorder:
     def release(self, tasks: list[TaskPayload]) -> int:
         """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""
         params = {"ids": [t.id for t in tasks], "worker_id": self.worker_id}
-        rows, _ = self._with_retry("releasing claimed tasks", lambda c: c.execute(q("release_claimed"), params).fetchone())
+        rows, _ = self._with_retry(
+            "releasing claimed tasks", lambda c: c.execute(q("release_claimed"), params).fetchone()
+        )
         return int(rows["released"]) if rows else 0
 
     def _fence(self, task: TaskPayload, expect: str) -> dict[str, Any]:
@@ -162,7 +177,11 @@ class Recorder:
         ):
             log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
             return True
-        now = "gone" if row is None else f"{row['status']}, attempt {row['attempt']}, owner {row['claimed_by_worker_id']}"
+        now = (
+            "gone"
+            if row is None
+            else f"{row['status']}, attempt {row['attempt']}, owner {row['claimed_by_worker_id']}"
+        )
         log.warning(
             "lost task %s (%s) attempt %d: could not %s, the row moved on (now %s); nothing was changed",
             task.id,
