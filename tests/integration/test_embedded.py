@@ -1,0 +1,308 @@
+"""The embedded PostgreSQL: private servers, the shared server across processes, and failures.
+
+Every test registers the data dirs it uses with `reap`; at teardown whatever postmaster a
+data dir's postmaster.pid still names is stopped by that pid, so a failing test leaves no
+server behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import psutil
+import psycopg
+import pytest
+
+from tether.db import embedded
+from tether.db.embedded import (
+    EmbeddedServer,
+    default_data_dir,
+    ensure_shared_server,
+    stop_shared_server,
+)
+from tether.errors import EmbeddedServerError
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from tether.db.embedded import EmbeddedServer, ensure_shared_server
+data_dir = Path(sys.argv[1])
+url = ensure_shared_server(data_dir)
+server = EmbeddedServer.find(data_dir)
+print(json.dumps({"url": url, "pid": server.pid if server else None}))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:  # a zombie is dead too: in some containers pid 1 never reaps it
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+def _stop_postmaster_of(data_dir: Path) -> None:
+    """Stop whatever postmaster data_dir's postmaster.pid names, by that pid."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+        process = psutil.Process(pid)
+        if process.name() != "postgres":
+            return  # a stale file naming a reused pid: not ours to signal
+        process.send_signal(signal.SIGINT)  # postgres' "fast" shutdown
+    except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
+        return
+    if not _wait_gone(pid, 10):
+        process.kill()
+        assert _wait_gone(pid, 5), f"postmaster {pid} of {data_dir} survived SIGKILL"
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    # not pytest's tmp_path: as root the server runs as user embedded_postgres, which must
+    # traverse every parent, and /tmp/pytest-of-root is 0700
+    path = Path(tempfile.mkdtemp(prefix="tether-embedded-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def reap(base: Path) -> Iterator[Callable[[Path], Path]]:
+    data_dirs: list[Path] = []
+
+    def register(data_dir: Path) -> Path:
+        data_dirs.append(data_dir)
+        return data_dir
+
+    yield register
+    for data_dir in data_dirs:
+        _stop_postmaster_of(data_dir)
+
+
+def _run_child(data_dir: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _child_result(child: subprocess.Popen[str]) -> dict[str, object]:
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    result: dict[str, object] = json.loads(out)
+    return result
+
+
+def _select_one(url: str) -> int:
+    with psycopg.connect(url, connect_timeout=5) as conn:
+        row = conn.execute("select 1").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_private_server_start_query_create_database_stop(base: Path, reap: Callable[[Path], Path]) -> None:
+    server = EmbeddedServer.start(reap(base / "private"))
+    assert server.data_dir == (base / "private").resolve()
+    assert psutil.Process(server.pid).name() == "postgres"
+    assert _select_one(server.url()) == 1
+    with psycopg.connect(server.url()) as conn:
+        settings = conn.execute(
+            "select current_setting('max_connections'), current_setting('fsync'),"
+            " current_setting('synchronous_commit'), current_setting('listen_addresses')"
+        ).fetchone()
+    assert settings == ("200", "on", "on", "")  # no TCP listener at all
+
+    app_url = server.create_database("app")
+    assert server.create_database("app") == app_url  # creating it again is fine
+    with psycopg.connect(app_url) as conn:
+        assert conn.execute("select current_database()").fetchone() == ("app",)
+
+    server.stop()
+    assert _gone(server.pid)
+    with pytest.raises(psycopg.OperationalError):
+        _select_one(server.url())
+    server.stop()  # stopping a stopped server is a no-op
+
+
+def test_private_server_restart_keeps_url_and_data(base: Path, reap: Callable[[Path], Path]) -> None:
+    server = EmbeddedServer.start(reap(base / "private"))
+    url, old_pid = server.create_database("app"), server.pid
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table t (x int); insert into t values (42)")
+
+    server.restart()
+    assert server.pid != old_pid
+    assert _gone(old_pid)
+    assert server.create_database("app") == url
+    with psycopg.connect(url) as conn:
+        assert conn.execute("select x from t").fetchone() == (42,)
+    server.stop()
+    assert _gone(server.pid)
+
+
+def test_stop_kills_a_hung_postmaster_by_pid(base: Path, reap: Callable[[Path], Path]) -> None:
+    server = EmbeddedServer.start(reap(base / "private"))
+    url = server.create_database("app")
+    hung_pid = server.pid
+    os.kill(hung_pid, signal.SIGSTOP)  # pg_ctl stop now times out: stop() must SIGKILL the pid
+    server.stop(timeout=1)
+    assert _gone(hung_pid)
+    server.restart()  # crash recovery on the same data dir
+    assert server.pid != hung_pid
+    assert _select_one(url) == 1
+    server.stop()
+    assert _gone(server.pid)
+
+
+def test_shared_server_comes_back_after_a_crash(base: Path, reap: Callable[[Path], Path]) -> None:
+    data_dir = reap(base / "shared")
+    url = ensure_shared_server(data_dir)
+    crashed = EmbeddedServer.find(data_dir)
+    assert crashed is not None
+    os.kill(crashed.pid, signal.SIGKILL)
+    assert _wait_gone(crashed.pid, 10)
+    assert ensure_shared_server(data_dir) == url
+    server = EmbeddedServer.find(data_dir)
+    assert server is not None
+    assert server.pid != crashed.pid
+    assert _select_one(url) == 1
+    assert stop_shared_server(data_dir) is True
+    assert _gone(server.pid)
+
+
+def test_start_adopts_a_running_server(base: Path, reap: Callable[[Path], Path]) -> None:
+    first = EmbeddedServer.start(reap(base / "private"))
+    second = EmbeddedServer.start(base / "private")
+    assert second.pid == first.pid
+    assert EmbeddedServer.find(base / "private") is not None
+    first.stop()
+    assert EmbeddedServer.find(base / "private") is None
+
+
+def test_long_data_dir_puts_socket_elsewhere(base: Path, reap: Callable[[Path], Path]) -> None:
+    data_dir = base / ("x" * 60) / ("y" * 40)
+    server = EmbeddedServer.start(reap(data_dir))
+    socket_dir = Path(parse_qs(urlsplit(server.url()).query)["host"][0])
+    try:
+        assert socket_dir != server.data_dir
+        assert _select_one(server.url()) == 1
+        server.stop()
+        assert _gone(server.pid)
+    finally:
+        _stop_postmaster_of(data_dir)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def test_shared_server_is_shared_by_concurrent_processes_and_outlives_them(
+    base: Path, reap: Callable[[Path], Path]
+) -> None:
+    data_dir = reap(base / "shared")
+    children = [_run_child(data_dir) for _ in range(2)]
+    try:
+        url = ensure_shared_server(data_dir)
+        results = [_child_result(child) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    server = EmbeddedServer.find(data_dir)
+    assert server is not None
+    assert [r["url"] for r in results] == [url, url]
+    assert [r["pid"] for r in results] == [server.pid, server.pid]
+    assert url.startswith("postgresql://postgres@/tether?")
+    # the children have exited: the server they may have started is still up
+    assert not _gone(server.pid)
+    assert _select_one(url) == 1
+    assert ensure_shared_server(data_dir) is url  # served from this process's cache
+
+    assert stop_shared_server(data_dir) is True
+    assert _gone(server.pid)
+    assert stop_shared_server(data_dir) is False
+
+    # a process that starts the server and exits leaves it running for everyone else
+    alone = _child_result(_run_child(data_dir))
+    assert alone["url"] == url
+    assert isinstance(alone["pid"], int)
+    assert alone["pid"] != server.pid
+    assert not _gone(alone["pid"])
+    assert ensure_shared_server(data_dir) == url  # the cached URL was of the old postmaster
+    assert stop_shared_server(data_dir) is True
+    assert _gone(alone["pid"])
+
+
+def test_data_dir_under_a_regular_file_raises(base: Path) -> None:
+    blocker = base / "a-file"
+    blocker.write_text("not a folder")
+    data_dir = blocker / "pg"
+    with pytest.raises(EmbeddedServerError, match=str(data_dir)):
+        EmbeddedServer.start(data_dir)
+    with pytest.raises(EmbeddedServerError, match=str(data_dir)):
+        ensure_shared_server(data_dir)
+
+
+def test_non_empty_foreign_dir_raises(base: Path) -> None:
+    data_dir = base / "foreign"
+    data_dir.mkdir()
+    (data_dir / "notes.txt").write_text("mine")
+    with pytest.raises(EmbeddedServerError, match="PG_VERSION") as caught:
+        EmbeddedServer.start(data_dir)
+    assert str(data_dir) in str(caught.value)
+    assert (data_dir / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
+def test_root_does_not_loosen_a_private_parent(base: Path) -> None:
+    private = base / "private"
+    private.mkdir()
+    private.chmod(0o700)
+    with pytest.raises(EmbeddedServerError, match="cannot traverse") as caught:
+        EmbeddedServer.start(private / "pg")
+    assert str(private / "pg") in str(caught.value)
+    assert private.stat().st_mode & 0o777 == 0o700
+
+
+def test_start_failure_reports_the_server_log(base: Path, reap: Callable[[Path], Path]) -> None:
+    server = EmbeddedServer.start(reap(base / "private"))
+    server.stop()
+    with (server.data_dir / "postgresql.conf").open("a") as conf:
+        conf.write("\nshared_buffers = 'lots'\n")
+    with pytest.raises(EmbeddedServerError) as caught:
+        EmbeddedServer.start(server.data_dir, timeout=20)
+    message = str(caught.value)
+    assert str(server.data_dir) in message
+    assert "server.log" in message
+    assert "shared_buffers" in message  # the log tail says what is wrong
+
+
+def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, base: Path) -> None:
+    monkeypatch.setenv("TETHER_EMBEDDED_DIR", str(base / "custom"))
+    assert default_data_dir() == base / "custom"
+    monkeypatch.delenv("TETHER_EMBEDDED_DIR")
+    if os.geteuid() == 0:
+        assert default_data_dir() == Path("/var/lib/tether/pg18")
+    else:
+        assert default_data_dir().parts[-2:] == ("tether", "pg18")
+    assert embedded.SERVER_USER == "embedded_postgres"
