@@ -47,15 +47,21 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
 
 
 _db_option = click.option(
-    "--database-url", envvar="TETHER_DATABASE_URL", default=None,
+    "--database-url",
+    envvar="TETHER_DATABASE_URL",
+    default=None,
     help="PostgreSQL URL (default: TETHER_DATABASE_URL, else the embedded server).",
 )
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 @click.group()
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
 def cli(log_level: str) -> None:
     """tether: durable background tasks on PostgreSQL."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -68,16 +74,25 @@ def cli(log_level: str) -> None:
 @click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
 @click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
 @click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
-def worker(app_path: str, processes: int | None, queues: str | None, prefetch: int | None,
-           grace_period: float | None, poll_interval_ms: int | None) -> None:
+def worker(
+    app_path: str,
+    processes: int | None,
+    queues: str | None,
+    prefetch: int | None,
+    grace_period: float | None,
+    poll_interval_ms: int | None,
+) -> None:
     """Run a worker for APP_PATH (module:app)."""
     from tether.worker.app_loader import load_app
     from tether.worker.main import run_worker
 
     app = load_app(app_path)
     overrides: dict[str, Any] = {
-        "processes": processes, "queues": queues, "prefetch": prefetch,
-        "grace_period_s": grace_period, "poll_interval_ms": poll_interval_ms,
+        "processes": processes,
+        "queues": queues,
+        "prefetch": prefetch,
+        "grace_period_s": grace_period,
+        "poll_interval_ms": poll_interval_ms,
     }
     base = app.config.worker.model_dump()
     base.update({k: v for k, v in overrides.items() if v is not None})
@@ -118,16 +133,33 @@ def status(database_url: str | None, as_json: bool) -> None:
     per_queue: dict[str, dict[str, int]] = {}
     for row in counts:
         per_queue.setdefault(row["queue"], {})[row["status"]] = row["n"]
-    console.print(_table("Tasks", ["queue", *statuses],
-                         [[q, *(c.get(s, 0) for s in statuses)] for q, c in sorted(per_queue.items())]))
+    console.print(
+        _table(
+            "Tasks",
+            ["queue", *statuses],
+            [[q, *(c.get(s, 0) for s in statuses)] for q, c in sorted(per_queue.items())],
+        )
+    )
     console.print(_workers_table(workers))
 
 
 def _workers_table(workers: list[dict[str, Any]]) -> Table:
-    return _table("Workers", ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"], [
-        [w["id"], w["status"], ",".join(w["queues"]), w["processes"], w["claimed"], w["running"],
-         f"{float(w['heartbeat_age_s']):.1f}s"] for w in workers
-    ])
+    return _table(
+        "Workers",
+        ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"],
+        [
+            [
+                w["id"],
+                w["status"],
+                ",".join(w["queues"]),
+                w["processes"],
+                w["claimed"],
+                w["running"],
+                f"{float(w['heartbeat_age_s']):.1f}s",
+            ]
+            for w in workers
+        ],
+    )
 
 
 @cli.command()
@@ -150,19 +182,46 @@ def workers(database_url: str | None, as_json: bool, show_all: bool) -> None:
 @click.option("--queue", default=None)
 @click.option("--name", default=None)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def tasks(database_url: str | None, as_json: bool, status_: str | None, queue: str | None,
-          name: str | None, limit: int) -> None:
+def tasks(
+    database_url: str | None,
+    as_json: bool,
+    status_: str | None,
+    queue: str | None,
+    name: str | None,
+    limit: int,
+) -> None:
     """Recent tasks, newest first, filtered by status, queue or name."""
-    rows = _broker(database_url).fetchall("list_tasks", {
-        "status": status_.upper() if status_ else None, "queue": queue, "name": name, "limit": limit,
-    })
+    rows = _broker(database_url).fetchall(
+        "list_tasks",
+        {
+            "status": status_.upper() if status_ else None,
+            "queue": queue,
+            "name": name,
+            "limit": limit,
+        },
+    )
     if as_json:
         _emit_json(rows)
         return
-    console.print(_table("Tasks", ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"], [
-        [r["id"], r["name"], r["queue"], r["status"], r["attempt"], r["error_code"],
-         _ts(r["sent_at"]), _ts(r["finished_at"])] for r in rows
-    ]))
+    console.print(
+        _table(
+            "Tasks",
+            ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"],
+            [
+                [
+                    r["id"],
+                    r["name"],
+                    r["queue"],
+                    r["status"],
+                    r["attempt"],
+                    r["error_code"],
+                    _ts(r["sent_at"]),
+                    _ts(r["finished_at"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 @cli.command()
@@ -181,16 +240,50 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
         _emit_json({**row, "attempts": attempts})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
-    for key in ("name", "queue", "priority", "status", "attempt", "retry_count", "max_retries", "error_code",
-                "claimed_by_worker_id", "good_until", "sent_at", "enqueued_at", "claimed_at", "started_at",
-                "completed_at", "failed_at", "cancelled_at", "expired_at", "next_retry_at", "args", "kwargs",
-                "result"):
+    for key in (
+        "name",
+        "queue",
+        "priority",
+        "status",
+        "attempt",
+        "retry_count",
+        "max_retries",
+        "error_code",
+        "claimed_by_worker_id",
+        "good_until",
+        "sent_at",
+        "enqueued_at",
+        "claimed_at",
+        "started_at",
+        "completed_at",
+        "failed_at",
+        "cancelled_at",
+        "expired_at",
+        "next_retry_at",
+        "args",
+        "kwargs",
+        "result",
+    ):
         fields.add_row(key, "" if row[key] is None else str(row[key]))
     console.print(fields)
-    console.print(_table("Attempts", ["#", "worker", "started", "finished", "outcome", "retry", "error"], [
-        [a["attempt"], a["worker_id"], _ts(a["started_at"]), _ts(a["finished_at"]), a["outcome"],
-         "yes" if a["will_retry"] else "", a["error_code"]] for a in attempts
-    ]))
+    console.print(
+        _table(
+            "Attempts",
+            ["#", "worker", "started", "finished", "outcome", "retry", "error"],
+            [
+                [
+                    a["attempt"],
+                    a["worker_id"],
+                    _ts(a["started_at"]),
+                    _ts(a["finished_at"]),
+                    a["outcome"],
+                    "yes" if a["will_retry"] else "",
+                    a["error_code"],
+                ]
+                for a in attempts
+            ],
+        )
+    )
 
 
 @cli.command()
