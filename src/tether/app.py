@@ -13,7 +13,7 @@ from tether.config import AppConfig, RetryPolicy
 from tether.errors import TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
-from tether.task import SendOptions, Task, check_priority, check_queue, _check_good_until
+from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue
 from tether.waiter import ResultListener
 
 P = ParamSpec("P")

@@ -303,8 +303,11 @@ def _ts(value: Any) -> str:
 def main() -> None:
     try:
         cli(standalone_mode=True)
-    except TetherError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except (TetherError, ValueError) as exc:
+        # User-caused errors (bad app path, task id, option, config): the message, not a traceback.
+        # ValueError covers pydantic's ValidationError, whose text names the field.
+        logging.getLogger("tether.cli").debug("command failed", exc_info=exc)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(1)
 
 

@@ -12,10 +12,6 @@ class TetherError(Exception):
     """Base of every tether exception."""
 
 
-class ConfigError(TetherError, ValueError):
-    """A configuration value is invalid."""
-
-
 class BadArgumentsError(TetherError, ValueError):
     """Arguments given to send/schedule do not bind to the task's signature."""
 

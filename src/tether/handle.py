@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -71,10 +72,14 @@ def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | No
     if stored is not None:
         return decode_result(stored)
     if st is TaskStatus.EXPIRED:
-        return TaskResult(err=TaskError(ErrorCode.TASK_EXPIRED, "good_until passed before a worker claimed it"))
+        return TaskResult(
+            err=TaskError(ErrorCode.TASK_EXPIRED, "good_until passed before a worker claimed it")
+        )
     if st is TaskStatus.CANCELLED:
         return TaskResult(err=TaskError(ErrorCode.TASK_CANCELLED, "cancelled before it ran"))
-    return TaskResult(err=TaskError(ErrorCode.RESULT_NOT_AVAILABLE, f"task is {st.value} but has no stored result"))
+    return TaskResult(
+        err=TaskError(ErrorCode.RESULT_NOT_AVAILABLE, f"task is {st.value} but has no stored result")
+    )
 
 
 class TaskHandle(Generic[T]):
@@ -165,10 +170,8 @@ class TaskHandle(Generic[T]):
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     return _timed_out(timeout)
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), poll if left is None else min(poll, left))
-                except TimeoutError:
-                    pass
                 woken.clear()
                 row = await self.app.broker.afetchone("get_status", {"id": self.id})
                 found = _result_or_missing(self.id, row)
@@ -189,12 +192,16 @@ class TaskHandle(Generic[T]):
 
 
 def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+    ):
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
 
 
 def _timed_out(timeout: float | None) -> TaskResult[Any, TaskError]:
-    return TaskResult(err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the task goes on"))
+    return TaskResult(
+        err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the task goes on")
+    )
 
 
 def _result_or_missing(task_id: uuid.UUID, row: dict[str, Any] | None) -> TaskResult[Any, TaskError] | None:

@@ -103,7 +103,9 @@ class Task(Generic[P, R]):
     async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return await BoundTask(self, self.options).schedule_async(delay, *args, **kwargs)
 
-    def send_many(self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any) -> list[TaskHandle[Any]]:
+    def send_many(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
+    ) -> list[TaskHandle[Any]]:
         return BoundTask(self, self.options).send_many(items, **common)
 
     async def send_many_async(
@@ -118,7 +120,9 @@ class Task(Generic[P, R]):
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise BadArgumentsError(f"task {self.name!r}: {exc} (signature: {self.name}{self.signature})") from None
+            raise BadArgumentsError(
+                f"task {self.name!r}: {exc} (signature: {self.name}{self.signature})"
+            ) from None
         try:
             return (
                 codec.dumps(list(bound.args), what=f"arguments of task {self.name!r}"),
@@ -138,7 +142,9 @@ class BoundTask:
         self.task = task
         self.options = options
 
-    def _params(self, task_id: Any, args_json: str, kwargs_json: str, delay: timedelta, good_until: datetime | None) -> dict[str, Any]:
+    def _params(
+        self, task_id: Any, args_json: str, kwargs_json: str, delay: timedelta, good_until: datetime | None
+    ) -> dict[str, Any]:
         t = self.task
         return {
             "id": task_id,
@@ -153,7 +159,9 @@ class BoundTask:
             "delay": delay,
         }
 
-    def _prepare(self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _prepare(
+        self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         good_until = kwargs.pop("good_until", None)
         good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
         args_json, kwargs_json = self.task.encode_arguments(args, kwargs)
@@ -204,10 +212,19 @@ class BoundTask:
         chunks = []
         for start in range(0, len(ids), SEND_MANY_CHUNK):
             end = start + SEND_MANY_CHUNK
-            chunks.append({**base, "ids": ids[start:end], "args": args_list[start:end], "kwargs": kwargs_list[start:end]})
+            chunks.append(
+                {
+                    **base,
+                    "ids": ids[start:end],
+                    "args": args_list[start:end],
+                    "kwargs": kwargs_list[start:end],
+                }
+            )
         return chunks, ids
 
-    def send_many(self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any) -> list[TaskHandle[Any]]:
+    def send_many(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
+    ) -> list[TaskHandle[Any]]:
         """Enqueue many in one transaction (one statement per 20,000): all or none."""
         chunks, ids = self._prepare_many(items, common)
         if chunks:
@@ -244,7 +261,9 @@ def _check_good_until(value: Any) -> datetime:
 
 def _check_delay(delay: Any) -> timedelta:
     if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
-        raise InvalidOptionError(f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}")
+        raise InvalidOptionError(
+            f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}"
+        )
     td = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
     if td < timedelta(0) or td > MAX_DELAY:
         raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")
@@ -252,7 +271,11 @@ def _check_delay(delay: Any) -> timedelta:
 
 
 def check_priority(priority: Any) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+    ):
         raise InvalidOptionError(
             f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), got {priority!r}"
         )

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
-from tether.worker.execute import Executor
+from tether.worker.execute import Executor, internal_failure
 from tether.worker.protocol import TaskPayload
 from tether.worker.recorder import Recorder
 
@@ -82,7 +82,10 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
             if not started:
                 current = None
                 continue
-        outcome = executor.run(current)
+        try:
+            outcome = executor.run(current)
+        except Exception as exc:  # a bug of ours must not kill the child and pass as a crash
+            outcome = internal_failure(current, exc)
         # Ask for the next task before recording, so the outcome of this one and the
         # start of the next share one transaction (one commit per task, not two).
         protocol.send(conn, protocol.NEXT, id=current.id)

@@ -96,13 +96,14 @@ class Executor:
     def _decode(self, task: Task[Any, Any], payload: TaskPayload) -> tuple[list[Any], dict[str, Any]]:
         args = codec.loads(payload.args)
         kwargs = codec.loads(payload.kwargs)
-        plan = self._plan(task)
-        if not plan:
-            return args, kwargs
         try:
+            # The code may have changed since the task was sent: check before calling.
             bound = task.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise SerializationError(f"stored arguments no longer fit task {task.name!r}: {exc}") from None
+        plan = self._plan(task)
+        if not plan:
+            return args, kwargs
         for pname, hint in plan.items():
             if pname in bound.arguments:
                 bound.arguments[pname] = codec.decode_as(
@@ -150,7 +151,26 @@ def retry_delay(payload: TaskPayload, code: str) -> float | None:
 
 
 def failure(payload: TaskPayload, error: TaskError) -> Outcome:
-    result_json = codec.encode_result(TaskResult(err=error))
+    try:
+        result_json = codec.encode_result(TaskResult(err=error))
+    except SerializationError:
+        # Exception messages and error data can hold what jsonb refuses (NUL bytes,
+        # lone surrogates, odd objects): keep the code, turn the rest into safe text.
+        error = TaskError(error.code, printable(error.message), printable(repr(error.data)))
+        result_json = codec.encode_result(TaskResult(err=error))
     return Outcome(
         "FAILED", result_json, str(error.code), error.message, retry_delay(payload, str(error.code))
     )
+
+
+def printable(text: str) -> str:
+    """Text that PostgreSQL's jsonb accepts: no NUL character, no lone surrogates."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def internal_failure(payload: TaskPayload, exc: BaseException) -> Outcome:
+    """An error in tether's own handling of a task (not in its code): recorded, never fatal."""
+    log.exception("internal error while running task %s (%s)", payload.id, payload.name)
+    message = printable(f"tether internal error: {type(exc).__name__}: {exc}")
+    error = TaskError(ErrorCode.UNHANDLED_EXCEPTION, message)
+    return Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code), message, None)

@@ -4,13 +4,21 @@
 -- no row and changes nothing.
 
 -- name: claim_tasks
+-- One ordered, limited index scan per queue (LATERAL), then the best of those:
+-- `queue = ANY(...)` in one scan would read and sort every ready row instead.
 WITH picked AS (
-    SELECT id FROM tether_tasks
-    WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
-      AND (good_until IS NULL OR good_until > now())
-    ORDER BY priority DESC, run_at, id
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.priority, t.run_at FROM tether_tasks t
+        WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.run_at <= now()
+          AND (t.good_until IS NULL OR t.good_until > now())
+        ORDER BY t.priority DESC, t.run_at, t.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE tether_tasks t
 SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
@@ -18,11 +26,6 @@ SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at 
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
           t.max_retries, t.retry_policy::text;
-
--- name: next_run_at
--- When the idle claim loop should look again for delayed tasks or retries.
-SELECT min(run_at) - now() AS wait FROM tether_tasks
-WHERE status = 'PENDING' AND queue = ANY(%(queues)s::text[]);
 
 -- name: start_task
 UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()

@@ -70,7 +70,8 @@ FROM tether_tasks
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
-ORDER BY sent_at DESC, id DESC
+-- ids are UUIDv7 (time-ordered): newest first through the primary key.
+ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: count_by_queue_status
