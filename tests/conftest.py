@@ -8,6 +8,7 @@ database and drops it afterwards, so runs never share state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -53,14 +55,22 @@ def server_url() -> Iterator[str]:
     yield from _server_url()
 
 
+def _with_dbname(server_url: str, name: str) -> str:
+    """``server_url`` naming database ``name``, still a URL (PostgresConfig accepts only URLs)."""
+    parts = urlsplit(server_url)
+    if parts.scheme in ("postgresql", "postgres"):
+        return urlunsplit(parts._replace(path="/" + name))
+    params = conninfo_to_dict(server_url)
+    params["dbname"] = name
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
     name = f"tether_test_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = conninfo_to_dict(server_url)
-    params["dbname"] = name
-    url = make_conninfo(**params)  # type: ignore[arg-type]
+    url = _with_dbname(server_url, name)
     old = os.environ.get("TETHER_DATABASE_URL")
     os.environ["TETHER_DATABASE_URL"] = url
     from tether.db.migrate import migrate
@@ -117,10 +127,8 @@ class WorkerProcess:
     def kill(self) -> None:
         # Kill the worker's whole process group (main + children), by pid.
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.proc.wait(timeout=10)
 
 
@@ -133,7 +141,8 @@ class WorkerFactory:
     def start(self, app_path: str = "tests.apps.basic:app", *args: str, wait: bool = True,
               env: dict[str, str] | None = None) -> WorkerProcess:
         log_path = self.tmp / f"worker-{len(self.started)}.log"
-        full_env = {**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1",
+                    **(env or {})}
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tether", "--log-level", "INFO", "worker", app_path, *args],
@@ -175,7 +184,9 @@ def workers(database_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
         factory.cleanup()
 
 
-def wait_until(predicate: Any, timeout: float = 30, interval: float = 0.02, message: str = "condition") -> Any:
+def wait_until(
+    predicate: Any, timeout: float = 30, interval: float = 0.02, message: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy (database state has no push channel for tests)."""
     deadline = time.monotonic() + timeout
     while True:

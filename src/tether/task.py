@@ -254,7 +254,8 @@ def _check_good_until(value: Any) -> datetime:
         raise InvalidOptionError(f"good_until must be a timezone-aware datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidOptionError(
-            "good_until is a naive datetime; give it a timezone, e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+            "good_until is a naive datetime; give it a timezone, "
+            "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
         )
     return value
 
@@ -277,7 +278,8 @@ def check_priority(priority: Any) -> int:
         or not PRIORITY_MIN <= priority <= PRIORITY_MAX
     ):
         raise InvalidOptionError(
-            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), got {priority!r}"
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
+            f"got {priority!r}"
         )
     return priority
 

@@ -7,6 +7,7 @@ count how many times each task's code ran.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -22,13 +23,50 @@ from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tet
 app = Tether(AppConfig(queues=["default", "images", "low"]))
 
 
+LEDGER_DDL = (
+    "CREATE TABLE IF NOT EXISTS tether_test_ledger (token text, pid int, at timestamptz DEFAULT now())"
+)
+
+
+_ledger_conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+
+def _ledger_connection() -> psycopg.Connection[tuple[object, ...]]:
+    """This process's ledger connection, checked before each use (opening one per run is slow).
+
+    The check happens before the insert, so a connection lost between tasks (a database
+    restart in a chaos test) is replaced without any doubt about whether a row was written.
+    """
+    global _ledger_conn
+    conn = _ledger_conn
+    if conn is not None and not conn.closed:
+        try:
+            conn.execute("SELECT 1")
+            return conn
+        except psycopg.OperationalError:
+            conn.close()
+    conn = psycopg.connect(
+        os.environ["TETHER_DATABASE_URL"], autocommit=True, application_name="tether-test-ledger"
+    )
+    # Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog: the loser
+    # finds the table there (tests also create it up front, before starting workers).
+    with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        conn.execute(LEDGER_DDL)
+    _ledger_conn = conn
+    return conn
+
+
 def ledger(token: str) -> None:
-    """Record one execution of the task carrying ``token`` (a side effect tests can count)."""
-    with psycopg.connect(os.environ["TETHER_DATABASE_URL"], autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS tether_test_ledger (token text, pid int, at timestamptz DEFAULT now())"
-        )
+    """Record one execution of the task carrying ``token`` (a side effect tests can count).
+
+    A failure of the insert itself is raised, never retried: a retry could count one run twice.
+    """
+    conn = _ledger_connection()
+    try:
         conn.execute("INSERT INTO tether_test_ledger (token, pid) VALUES (%s, %s)", (token, os.getpid()))
+    except psycopg.OperationalError:
+        conn.close()
+        raise
 
 
 @app.task("add")
@@ -72,8 +110,9 @@ def boom(message: str) -> TaskResult[None, TaskError]:
 def flaky(token: str, fail_times: int) -> TaskResult[int, TaskError]:
     """Fails with TRANSIENT the first ``fail_times`` runs (counted in the ledger)."""
     ledger(token)
-    with psycopg.connect(os.environ["TETHER_DATABASE_URL"], autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM tether_test_ledger WHERE token = %s", (token,)).fetchone()
+    row = _ledger_connection().execute(
+        "SELECT count(*) FROM tether_test_ledger WHERE token = %s", (token,)
+    ).fetchone()
     runs = row[0] if row else 0
     if runs <= fail_times:
         return TaskResult(err=TaskError("TRANSIENT", f"run {runs} fails"))
@@ -82,7 +121,9 @@ def flaky(token: str, fail_times: int) -> TaskResult[int, TaskError]:
 
 @app.task(
     "always_crashy",
-    retry_policy=RetryPolicy.exponential(0.1, max_retries=1, auto_retry_for=[ErrorCode.UNHANDLED_EXCEPTION], jitter=0),
+    retry_policy=RetryPolicy.exponential(
+        0.1, max_retries=1, auto_retry_for=[ErrorCode.UNHANDLED_EXCEPTION], jitter=0
+    ),
 )
 def always_crashy(token: str) -> TaskResult[None, TaskError]:
     ledger(token)
@@ -122,3 +163,19 @@ async def echo_async(value: str) -> TaskResult[str, TaskError]:
 @app.task("plain_return")
 def plain_return(value: int) -> int:
     return value * 2
+
+
+@app.task(
+    "retry_later",
+    retry_policy=RetryPolicy.fixed(60, max_retries=1, auto_retry_for=["TRANSIENT"], jitter=0),
+)
+def retry_later(token: str) -> TaskResult[None, TaskError]:
+    """Always fails TRANSIENT; its one retry waits a minute (tests read the row meanwhile)."""
+    ledger(token)
+    return TaskResult(err=TaskError("TRANSIENT", "try again in a minute"))
+
+
+@app.task("nul_result")
+def nul_result() -> TaskResult[str, TaskError]:
+    """Returns a string PostgreSQL cannot store (a NUL character)."""
+    return TaskResult(ok="a\x00b")
