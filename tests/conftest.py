@@ -30,7 +30,6 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 REPO = Path(__file__).resolve().parent.parent
-TABLES = ["tether_task_attempts", "tether_tasks", "tether_workers"]
 
 
 def _server_url() -> Iterator[str]:
@@ -94,7 +93,14 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     from psycopg.rows import dict_row
 
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, TABLES))))
+        tables = [
+            r["tablename"]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                " AND tablename LIKE 'tether%%' AND tablename <> 'tether_schema_version'"
+            ).fetchall()
+        ]
+        conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
         yield conn
 
 

@@ -23,8 +23,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tether.result import ErrorCode
 
-__all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig",
-           "mask_url"]
+__all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig", "mask_url"]
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 ERROR_CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -68,8 +67,9 @@ def _check_queue_names(field: str, names: list[str]) -> list[str]:
         raise ValueError(f"{field} must name at least one queue")
     bad = [n for n in names if not QUEUE_NAME_RE.match(n)]
     if bad:
-        raise ValueError(f"{field}: invalid queue name(s) {bad}; a name is 1-64 characters "
-                         "from A-Z a-z 0-9 _ . : -")
+        raise ValueError(
+            f"{field}: invalid queue name(s) {bad}; a name is 1-64 characters from A-Z a-z 0-9 _ . : -"
+        )
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"{field}: queue name(s) {dupes} listed more than once")
@@ -78,8 +78,9 @@ def _check_queue_names(field: str, names: list[str]) -> list[str]:
 
 QueueList = Annotated[list[str], NoDecode, BeforeValidator(_split_names)]
 # Validators run last-declared first: "" / "none" mean None before any splitting.
-OptQueueList = Annotated[list[str] | None, NoDecode, BeforeValidator(_split_names),
-                         BeforeValidator(_none_words)]
+OptQueueList = Annotated[
+    list[str] | None, NoDecode, BeforeValidator(_split_names), BeforeValidator(_none_words)
+]
 
 
 def mask_url(url: str) -> str:
@@ -105,8 +106,7 @@ def mask_url(url: str) -> str:
 class RecoveryConfig(BaseSettings):
     """How workers prove they are alive and how the reaper recovers what dead ones left behind."""
 
-    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
-                                      allow_inf_nan=False)
+    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False)
 
     auto_requeue_stale_claimed: bool = True
     claimed_stale_threshold_ms: Int = Field(default=120_000, ge=1_000, le=3_600_000)
@@ -124,13 +124,17 @@ class RecoveryConfig(BaseSettings):
     def _thresholds_cover_two_heartbeats(self) -> RecoveryConfig:
         # One late heartbeat (a GC pause, a slow commit) must not make a live task look dead,
         # so a task is only stale after missing at least two beats in a row.
-        pairs = (("claimed_stale_threshold_ms", "claimer_heartbeat_interval_ms"),
-                 ("running_stale_threshold_ms", "runner_heartbeat_interval_ms"))
+        pairs = (
+            ("claimed_stale_threshold_ms", "claimer_heartbeat_interval_ms"),
+            ("running_stale_threshold_ms", "runner_heartbeat_interval_ms"),
+        )
         for threshold, interval in pairs:
             t, i = getattr(self, threshold), getattr(self, interval)
             if t < 2 * i:
-                raise ValueError(f"{threshold} ({t}) must be at least 2 x {interval} ({i}) = "
-                                 f"{2 * i}, so one late heartbeat does not mark a live task stale")
+                raise ValueError(
+                    f"{threshold} ({t}) must be at least 2 x {interval} ({i}) = "
+                    f"{2 * i}, so one late heartbeat does not mark a live task stale"
+                )
         return self
 
 
@@ -138,8 +142,9 @@ class PostgresConfig(BaseSettings):
     """Where the database is. No URL means the embedded server shared by the machine."""
 
     # hide_input_in_errors: a rejected URL would otherwise be echoed, password included.
-    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
-                                      allow_inf_nan=False, hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     database_url: str | None = None
     pool_min_size: Int = Field(default=1, ge=0, le=100)
@@ -155,15 +160,17 @@ class PostgresConfig(BaseSettings):
             if not value:
                 return None  # TETHER_DATABASE_URL="" means "no URL": use the embedded server
             if not value.startswith(("postgresql://", "postgres://")):
-                raise ValueError(f"database_url must start with postgresql:// or postgres:// "
-                                 f"(got {mask_url(value)!r})")
+                raise ValueError(
+                    f"database_url must start with postgresql:// or postgres:// (got {mask_url(value)!r})"
+                )
         return value
 
     @model_validator(mode="after")
     def _pool_sizes(self) -> PostgresConfig:
         if self.pool_max_size < self.pool_min_size:
-            raise ValueError(f"pool_max_size ({self.pool_max_size}) must be >= pool_min_size "
-                             f"({self.pool_min_size})")
+            raise ValueError(
+                f"pool_max_size ({self.pool_max_size}) must be >= pool_min_size ({self.pool_min_size})"
+            )
         return self
 
     @property
@@ -180,8 +187,9 @@ class PostgresConfig(BaseSettings):
 class WorkerConfig(BaseSettings):
     """One worker: how many child processes, which queues, how eagerly it claims."""
 
-    model_config = SettingsConfigDict(env_prefix="TETHER_WORKER_", frozen=True, extra="forbid",
-                                      allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="TETHER_WORKER_", frozen=True, extra="forbid", allow_inf_nan=False
+    )
 
     # Clamped so the default never fails validation on a machine with more than 256 CPUs.
     processes: Int = Field(default_factory=lambda: min(os.cpu_count() or 1, 256), ge=1, le=256)
@@ -211,8 +219,10 @@ def _normalise_codes(value: Any) -> Any:
     codes: list[Any] = []
     for code in value:
         if not isinstance(code, str) or not ERROR_CODE_RE.match(code):
-            raise ValueError(f"auto_retry_for: {code!r} is not an error code; use an ErrorCode "
-                             "or a string of 1-100 characters from A-Z a-z 0-9 _ . : -")
+            raise ValueError(
+                f"auto_retry_for: {code!r} is not an error code; use an ErrorCode "
+                "or a string of 1-100 characters from A-Z a-z 0-9 _ . : -"
+            )
         # Plain str values: the policy is stored as JSON and compared with codes from rows.
         codes.append(code.value if isinstance(code, ErrorCode) else code)
     return frozenset(codes)
@@ -239,8 +249,10 @@ class RetryPolicy(BaseModel):
     @classmethod
     def _not_empty(cls, value: frozenset[str]) -> frozenset[str]:
         if not value:
-            raise ValueError("auto_retry_for must name at least one error code: a retry policy "
-                             "that retries nothing is a mistake (leave retry_policy unset instead)")
+            raise ValueError(
+                "auto_retry_for must name at least one error code: a retry policy "
+                "that retries nothing is a mistake (leave retry_policy unset instead)"
+            )
         return value
 
     @model_validator(mode="after")
@@ -248,26 +260,48 @@ class RetryPolicy(BaseModel):
         # Only exponential growth is capped: a fixed 2 h interval must not fail for a
         # default cap of 1 h that the user never set.
         if self.kind == "exponential" and self.max_seconds < self.base_seconds:
-            raise ValueError(f"max_seconds ({self.max_seconds}) must be >= base_seconds "
-                             f"({self.base_seconds})")
+            raise ValueError(
+                f"max_seconds ({self.max_seconds}) must be >= base_seconds ({self.base_seconds})"
+            )
         return self
 
     @classmethod
-    def fixed(cls, seconds: float, *, max_retries: int,
-              auto_retry_for: Iterable[str | ErrorCode] | str,
-              jitter: float = 0.1) -> RetryPolicy:
+    def fixed(
+        cls,
+        seconds: float,
+        *,
+        max_retries: int,
+        auto_retry_for: Iterable[str | ErrorCode] | str,
+        jitter: float = 0.1,
+    ) -> RetryPolicy:
         """Wait ``seconds`` (± jitter) before each retry."""
-        return cls(kind="fixed", base_seconds=seconds, max_retries=max_retries,
-                   auto_retry_for=auto_retry_for, jitter=jitter)  # type: ignore[arg-type]
+        return cls(
+            kind="fixed",
+            base_seconds=seconds,
+            max_retries=max_retries,
+            auto_retry_for=auto_retry_for,  # type: ignore[arg-type]  # the validator normalises it
+            jitter=jitter,
+        )
 
     @classmethod
-    def exponential(cls, base_seconds: float, *, max_retries: int,
-                    auto_retry_for: Iterable[str | ErrorCode] | str,
-                    max_seconds: float = 3_600, jitter: float = 0.1) -> RetryPolicy:
+    def exponential(
+        cls,
+        base_seconds: float,
+        *,
+        max_retries: int,
+        auto_retry_for: Iterable[str | ErrorCode] | str,
+        max_seconds: float = 3_600,
+        jitter: float = 0.1,
+    ) -> RetryPolicy:
         """Wait ``base_seconds * 2**(n-1)`` (capped at ``max_seconds``, ± jitter) before retry n."""
-        return cls(kind="exponential", base_seconds=base_seconds, max_retries=max_retries,
-                   auto_retry_for=auto_retry_for, max_seconds=max_seconds,  # type: ignore[arg-type]
-                   jitter=jitter)
+        return cls(
+            kind="exponential",
+            base_seconds=base_seconds,
+            max_retries=max_retries,
+            auto_retry_for=auto_retry_for,  # type: ignore[arg-type]  # the validator normalises it
+            max_seconds=max_seconds,
+            jitter=jitter,
+        )
 
     def delay_seconds(self, retry_number: int, rand: random.Random | None = None) -> float:
         """Seconds to wait before retry ``retry_number`` (the first retry is 1)."""
@@ -295,9 +329,14 @@ class RetryPolicy(BaseModel):
         return self.retries_on(code) and retry_count < self.max_retries
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "max_retries": self.max_retries,
-                "base_seconds": self.base_seconds, "max_seconds": self.max_seconds,
-                "jitter": self.jitter, "auto_retry_for": sorted(self.auto_retry_for)}
+        return {
+            "kind": self.kind,
+            "max_retries": self.max_retries,
+            "base_seconds": self.base_seconds,
+            "max_seconds": self.max_seconds,
+            "jitter": self.jitter,
+            "auto_retry_for": sorted(self.auto_retry_for),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RetryPolicy:
@@ -309,6 +348,7 @@ def _settings_from_dict(cls: type[BaseSettings]) -> Any:
     # constructor, so the fields it leaves out still come from the environment.
     def build(value: Any) -> Any:
         return cls(**value) if isinstance(value, dict) else value
+
     return BeforeValidator(build)
 
 
@@ -316,15 +356,17 @@ class AppConfig(BaseSettings):
     """Everything a tether app needs. ``AppConfig()`` alone uses the embedded database."""
 
     # hide_input_in_errors: the echoed input could hold a broker dict with a password.
-    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid",
-                                      allow_inf_nan=False, hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     broker: Annotated[PostgresConfig, _settings_from_dict(PostgresConfig)] = Field(
-        default_factory=PostgresConfig)
+        default_factory=PostgresConfig
+    )
     recovery: Annotated[RecoveryConfig, _settings_from_dict(RecoveryConfig)] = Field(
-        default_factory=RecoveryConfig)
-    worker: Annotated[WorkerConfig, _settings_from_dict(WorkerConfig)] = Field(
-        default_factory=WorkerConfig)
+        default_factory=RecoveryConfig
+    )
+    worker: Annotated[WorkerConfig, _settings_from_dict(WorkerConfig)] = Field(default_factory=WorkerConfig)
     queues: QueueList = Field(default_factory=lambda: ["default"])
     default_queue: str = "default"
     # How often TaskHandle.get re-reads the row when no notification arrives.
@@ -339,10 +381,14 @@ class AppConfig(BaseSettings):
     @model_validator(mode="after")
     def _queues_are_declared(self) -> AppConfig:
         if self.default_queue not in self.queues:
-            raise ValueError(f"default_queue {self.default_queue!r} must be one of queues "
-                             f"{self.queues}: set default_queue (TETHER_DEFAULT_QUEUE) to one")
+            raise ValueError(
+                f"default_queue {self.default_queue!r} must be one of queues "
+                f"{self.queues}: set default_queue (TETHER_DEFAULT_QUEUE) to one"
+            )
         unknown = [q for q in self.worker.queues or () if q not in self.queues]
         if unknown:
-            raise ValueError(f"worker.queues names queue(s) {unknown} that are not declared; "
-                             f"declared queues: {self.queues}")
+            raise ValueError(
+                f"worker.queues names queue(s) {unknown} that are not declared; "
+                f"declared queues: {self.queues}"
+            )
         return self

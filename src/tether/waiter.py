@@ -38,9 +38,7 @@ class ResultListener:
             self._waiters.setdefault(task_id, []).append(wake)
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
-                self._thread = threading.Thread(
-                    target=self._run, name="tether-result-listener", daemon=True
-                )
+                self._thread = threading.Thread(target=self._run, name="tether-result-listener", daemon=True)
                 self._thread.start()
 
     def unsubscribe(self, task_id: str, wake: Wake) -> None:

@@ -14,8 +14,11 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 from multiprocessing.connection import Connection
+from typing import Any
 
+from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
@@ -48,8 +51,31 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tether-parent-watchdog", daemon=True).start()
 
 
+def stamp_heartbeats(stamps: Any, index: int, interval_s: float) -> None:
+    """The runner heartbeat's origin: a thread of the task's own process stamps its slot.
+
+    If the task holds the GIL (a C extension stuck in a loop) or the process
+    hangs, the stamp goes stale; the main process then stops relaying runner
+    heartbeats for it and, past the running stale threshold, kills the child.
+    """
+
+    def beat() -> None:
+        while True:
+            stamps[index] = time.monotonic()
+            time.sleep(interval_s)
+
+    threading.Thread(target=beat, name="tether-runner-heartbeat", daemon=True).start()
+
+
 def child_main(
-    conn: Connection, app_path: str, url: str, worker_id: str, parent_pid: int, log_level: int
+    conn: Connection,
+    app_path: str,
+    url: str,
+    worker_id: str,
+    parent_pid: int,
+    log_level: int,
+    stamps: Any,
+    index: int,
 ) -> None:
     die_with_parent(parent_pid)
     # Ctrl-C in a terminal reaches the whole process group; shutdown is the main process's call.
@@ -58,6 +84,7 @@ def child_main(
         level=log_level, format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"
     )
     app = load_app(app_path)
+    stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     executor = Executor(app)
     recorder = Recorder(url, worker_id, connect_timeout=max(1, round(app.config.broker.connect_timeout_s)))
     try:
@@ -82,10 +109,13 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
             if not started:
                 current = None
                 continue
+        set_reporter(partial(recorder.report_progress, current))
         try:
             outcome = executor.run(current)
         except Exception as exc:  # a bug of ours must not kill the child and pass as a crash
             outcome = internal_failure(current, exc)
+        finally:
+            set_reporter(None)
         # Ask for the next task before recording, so the outcome of this one and the
         # start of the next share one transaction (one commit per task, not two).
         protocol.send(conn, protocol.NEXT, id=current.id)

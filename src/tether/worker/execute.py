@@ -7,13 +7,12 @@ import inspect
 import logging
 import traceback
 import typing
-from dataclasses import dataclass
 from typing import Any
 
-from tether import codec
+from tether import codec, outcomes
 from tether.app import Tether
-from tether.config import RetryPolicy
 from tether.errors import SerializationError
+from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskResult
 from tether.task import Task
 from tether.worker.protocol import TaskPayload
@@ -24,19 +23,6 @@ log = logging.getLogger("tether.worker.execute")
 _PLAIN_HINTS: frozenset[Any] = frozenset(
     {inspect.Parameter.empty, Any, int, str, float, bool, dict, list, type(None), None}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    status: str  # COMPLETED | FAILED
-    result_json: str
-    error_code: str | None
-    error_message: str | None
-    retry_delay_s: float | None  # set when the failure will be retried
-
-    @property
-    def will_retry(self) -> bool:
-        return self.retry_delay_s is not None
 
 
 class Executor:
@@ -84,7 +70,8 @@ class Executor:
             return Outcome("COMPLETED", result_json, None, None, None)
         err = result.err
         assert err is not None
-        return Outcome("FAILED", result_json, str(err.code), err.message, retry_delay(payload, str(err.code)))
+        delay = outcomes.retry_delay(payload.retry_policy, payload.retry_count, str(err.code))
+        return Outcome("FAILED", result_json, str(err.code), err.message, delay)
 
     def _call(self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
         if not task.is_async:
@@ -140,37 +127,12 @@ def _needs_conversion(hint: Any) -> bool:
         return True
 
 
-def retry_delay(payload: TaskPayload, code: str) -> float | None:
-    """Seconds until the retry, when the policy retries this code and retries are left."""
-    if payload.retry_policy is None:
-        return None
-    policy = RetryPolicy.from_json(codec.loads(payload.retry_policy))
-    if not policy.should_retry(code, payload.retry_count):
-        return None
-    return policy.delay_seconds(payload.retry_count + 1)
-
-
 def failure(payload: TaskPayload, error: TaskError) -> Outcome:
-    try:
-        result_json = codec.encode_result(TaskResult(err=error))
-    except SerializationError:
-        # Exception messages and error data can hold what jsonb refuses (NUL bytes,
-        # lone surrogates, odd objects): keep the code, turn the rest into safe text.
-        error = TaskError(error.code, printable(error.message), printable(repr(error.data)))
-        result_json = codec.encode_result(TaskResult(err=error))
-    return Outcome(
-        "FAILED", result_json, str(error.code), error.message, retry_delay(payload, str(error.code))
-    )
-
-
-def printable(text: str) -> str:
-    """Text that PostgreSQL's jsonb accepts: no NUL character, no lone surrogates."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return outcomes.failure(error, payload.retry_policy, payload.retry_count)
 
 
 def internal_failure(payload: TaskPayload, exc: BaseException) -> Outcome:
     """An error in tether's own handling of a task (not in its code): recorded, never fatal."""
     log.exception("internal error while running task %s (%s)", payload.id, payload.name)
-    message = printable(f"tether internal error: {type(exc).__name__}: {exc}")
-    error = TaskError(ErrorCode.UNHANDLED_EXCEPTION, message)
-    return Outcome("FAILED", codec.encode_result(TaskResult(err=error)), str(error.code), message, None)
+    error = TaskError(ErrorCode.UNHANDLED_EXCEPTION, f"tether internal error: {type(exc).__name__}: {exc}")
+    return failure(payload, error)

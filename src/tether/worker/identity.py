@@ -17,6 +17,25 @@ class Identity:
     hostname: str
     pid: int
     process_started_at: datetime
+    host_key: str
+
+
+def host_key() -> str:
+    """This kernel's boot id and our pid namespace: two workers with equal keys see the same pids.
+
+    Containers can share a hostname while living in different pid namespaces; a
+    pid number means nothing across them, so reconciliation compares keys first.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = "?"
+    return f"{boot}:{pid_ns}"
 
 
 def process_start_time(pid: int) -> datetime | None:
@@ -31,4 +50,4 @@ def current_identity() -> Identity:
     hostname = socket.gethostname()
     pid = os.getpid()
     started = process_start_time(pid) or datetime.now(UTC)
-    return Identity(f"{hostname}-{pid}-{secrets.token_hex(4)}", hostname, pid, started)
+    return Identity(f"{hostname}-{pid}-{secrets.token_hex(4)}", hostname, pid, started, host_key())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections import deque
 from typing import Any
 
@@ -12,21 +13,25 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from tether import __version__, codec
+from tether import __version__, outcomes
 from tether.app import Tether
 from tether.broker.queries import q
 from tether.config import WorkerConfig
-from tether.result import ErrorCode, TaskError, TaskResult
+from tether.result import ErrorCode, TaskError
 from tether.worker import protocol
-from tether.worker.execute import Outcome, retry_delay
+from tether.worker.heartbeat import heartbeat_loop
+from tether.worker.heartbeat import interval_s as heartbeat_interval_s
 from tether.worker.identity import Identity, current_identity
 from tether.worker.listener import listen_for_work
 from tether.worker.protocol import TaskPayload
-from tether.worker.reaper import reaper_loop
+from tether.worker.reaper import Reaper, reaper_loop
+from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
 
 log = logging.getLogger("tether.worker")
+
+SKIP_NAME_FOR_S = 30.0
 
 
 class Worker:
@@ -57,6 +62,10 @@ class Worker:
         self.supervisor: Supervisor | None = None
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] | None = None
         self.recorder: Recorder | None = None
+        self.reaper: Reaper | None = None
+        self.fenced = False
+        # Names this worker cannot run but another live worker can: not claimed for a while.
+        self._skip_names: dict[str, float] = {}
         self.tasks_done = 0
         self._no_children = asyncio.Event()
         self._recording: set[asyncio.Task[None]] = set()
@@ -83,6 +92,7 @@ class Worker:
         )
         await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
         self.recorder = Recorder(url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)))
+        self.reaper = Reaper(url, self.app.config.recovery, heartbeat_interval_s(self))
         await self._execute(
             "register_worker",
             {
@@ -93,8 +103,12 @@ class Worker:
                 "queues": self.queues,
                 "processes": self.config.processes,
                 "version": __version__,
+                "task_names": sorted(self.app.tasks),
+                "host_key": self.identity.host_key,
             },
         )
+        # Before claiming anything: recover what dead workers on this host left behind.
+        await asyncio.to_thread(reconcile_host, url, self.identity)
         log.info(
             "worker %s started: queues=%s processes=%d prefetch=%d",
             self.worker_id,
@@ -119,8 +133,8 @@ class Worker:
             asyncio.create_task(
                 listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)
             ),
-            asyncio.create_task(self._heartbeat_loop()),
-            asyncio.create_task(reaper_loop(self.pool, self.app.config.recovery)),
+            asyncio.create_task(heartbeat_loop(self)),
+            asyncio.create_task(reaper_loop(self.reaper)),
         ]
         try:
             await self._claim_loop()
@@ -200,6 +214,8 @@ class Worker:
             await self.pool.close()
         if self.recorder is not None:
             self.recorder.close()
+        if self.reaper is not None:
+            self.reaper.close()
         log.info("worker %s stopped after %d task(s)", self.worker_id, self.tasks_done)
 
     # -- claiming ----------------------------------------------------------------
@@ -208,7 +224,7 @@ class Worker:
         backoff = 0.1
         while not self.stopping:
             free = self.capacity - len(self.inflight)
-            if free > 0 and self._maybe_more:
+            if free > 0 and self._maybe_more and not self.fenced:
                 limit = min(free, self.config.claim_batch_size)
                 try:
                     rows = await self._fetch(
@@ -217,6 +233,7 @@ class Worker:
                             "queues": self.queues,
                             "limit": limit,
                             "worker_id": self.worker_id,
+                            "skip_names": self._names_to_skip(),
                         },
                     )
                     backoff = 0.1
@@ -248,7 +265,61 @@ class Worker:
                 unknown.append(task)
         self._dispatch()
         for task in unknown:
-            await self._fail_unregistered(task)
+            await self._not_registered_here(task)
+
+    def _names_to_skip(self) -> list[str]:
+        now = time.monotonic()
+        for name in [n for n, until in self._skip_names.items() if until <= now]:
+            del self._skip_names[name]
+        return list(self._skip_names)
+
+    # -- fencing ------------------------------------------------------------------------
+
+    def fence(self, silent_s: float) -> None:
+        """No heartbeat reached the database for longer than the running threshold.
+
+        The reaper elsewhere is about to declare this worker dead and recover its
+        tasks, so their code must not go on here: kill the children, drop what is
+        claimed but not started, claim nothing until a heartbeat gets through.
+        """
+        self.fenced = True
+        log.error(
+            "worker %s could not write a heartbeat for %.1fs (running stale threshold %.1fs): "
+            "fencing itself off: killing %d child(ren), dropping %d claimed task(s), claiming nothing",
+            self.worker_id,
+            silent_s,
+            self.app.config.recovery.running_stale_threshold_ms / 1000,
+            len(self.supervisor.alive()) if self.supervisor else 0,
+            len(self.buffer),
+        )
+        for task in self.buffer:
+            self.inflight.pop(task.id, None)
+        self.buffer.clear()
+        if self.supervisor is not None:
+            for slot in self.supervisor.alive():
+                if slot.current is not None or slot.next is not None:
+                    slot.process.kill()
+
+    def unfence(self) -> None:
+        self.fenced = False
+        self._maybe_more = True
+        self._wake.set()
+        log.warning("worker %s: heartbeats get through again; claiming resumes", self.worker_id)
+
+    def on_lost(self, lost: set[str]) -> None:
+        """Tasks this worker holds that the database says are no longer its own."""
+        dropped = [t for t in self.buffer if t.id in lost]
+        for task in dropped:
+            self.buffer.remove(task)
+            self.inflight.pop(task.id, None)
+        for task_id in lost:
+            if task_id in self.inflight:
+                log.warning(
+                    "task %s is no longer held by worker %s (recovered or cancelled elsewhere); "
+                    "its outcome here will not be recorded",
+                    task_id,
+                    self.worker_id,
+                )
 
     def _dispatch(self) -> None:
         if self.supervisor is None:
@@ -298,6 +369,8 @@ class Worker:
             if msg["lost"]:
                 self.inflight.pop(msg["id"], None)
                 slot.current = None
+            else:
+                slot.running = True
         elif op == protocol.NEXT:
             if self.stopping:
                 self.supervisor.send(slot, protocol.STOP)
@@ -310,11 +383,13 @@ class Worker:
             self.inflight.pop(msg["id"], None)
             self.tasks_done += 1
             slot.current = None
+            slot.running = False
             if msg["next_id"] is not None:
                 if msg["next_lost"]:
                     self.inflight.pop(msg["next_id"], None)
                 else:
                     slot.current = slot.next
+                    slot.running = True
                 slot.next = None
             if self.stopping and slot.current is None:
                 self.supervisor.send(slot, protocol.STOP)
@@ -342,50 +417,51 @@ class Worker:
 
     async def _record_crash(self, held: list[TaskPayload]) -> None:
         """The child died: its started task crashed, an unstarted one never ran and goes back."""
-        assert self.recorder is not None
         for task in held:
-            error = TaskError(ErrorCode.WORKER_CRASHED, "the worker process running this task died")
-            outcome = Outcome(
-                "FAILED",
-                codec.encode_result(TaskResult(err=error)),
-                str(error.code),
-                error.message,
-                retry_delay(task, str(error.code)),
-            )
-            recorded = await asyncio.to_thread(self._record_crash_sync, task, outcome)
+            verdict = await asyncio.to_thread(self._record_crash_sync, task)
             self.inflight.pop(task.id, None)
-            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, recorded)
+            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
         self._wake.set()
 
-    def _record_crash_sync(self, task: TaskPayload, outcome: Outcome) -> str:
+    def _record_crash_sync(self, task: TaskPayload) -> str:
         assert self.recorder is not None
-        rows = self.recorder.run_fenced_outcome(task, outcome, expect="RUNNING")
-        if rows:
+        outcome = outcomes.crashed(
+            task.retry_policy, task.retry_count, "the worker process running this task died"
+        )
+        if self.recorder.record_for(task, outcome, expect="RUNNING"):
             return (
                 "retry scheduled after WORKER_CRASHED" if outcome.will_retry else "FAILED with WORKER_CRASHED"
             )
-        released = self.recorder.release([task])
-        return (
-            "released back to PENDING (its code never started)" if released else "already settled elsewhere"
-        )
+        if self.recorder.release([task]):
+            return "released back to PENDING (its code never started)"
+        return "already settled elsewhere"
 
     # -- database helpers ---------------------------------------------------------------
 
-    async def _fail_unregistered(self, task: TaskPayload) -> None:
+    async def _not_registered_here(self, task: TaskPayload) -> None:
+        """A name this app lacks: give it back if another live worker knows it, else fail it."""
         assert self.recorder is not None
+        known = await self.fetchone(
+            "name_known_elsewhere", {"me": self.worker_id, "name": task.name, "queue": task.queue}
+        )
+        if known and known["known"]:
+            # A rolling deploy: other workers run newer (or older) code. Let them have it.
+            self._skip_names[task.name] = time.monotonic() + SKIP_NAME_FOR_S
+            log.info(
+                "task %s: %r is not registered here but another worker knows it; releasing",
+                task.id,
+                task.name,
+            )
+            await self._release([task])
+            return
         error = TaskError(
             ErrorCode.TASK_NOT_REGISTERED,
-            f"no task named {task.name!r} is registered in worker {self.worker_id}'s app",
+            f"no live worker serving queue {task.queue!r} has a task named {task.name!r} "
+            f"(worker {self.worker_id} claimed it)",
         )
-        outcome = Outcome(
-            "FAILED",
-            codec.encode_result(TaskResult(err=error)),
-            str(error.code),
-            error.message,
-            retry_delay(task, str(error.code)),
-        )
+        outcome = outcomes.failure(error, task.retry_policy, task.retry_count)
         log.error("task %s: %s; failing it", task.id, error.message)
-        await asyncio.to_thread(self.recorder.run_fenced_outcome, task, outcome, expect="CLAIMED")
+        await asyncio.to_thread(self.recorder.record_for, task, outcome, expect="CLAIMED")
 
     async def _release(self, tasks: list[TaskPayload]) -> None:
         if not tasks:
@@ -396,14 +472,9 @@ class Worker:
             self.inflight.pop(task.id, None)
         log.info("released %d claimed task(s) back to PENDING", n)
 
-    async def _heartbeat_loop(self) -> None:
-        interval = self.app.config.recovery.claimer_heartbeat_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._execute("touch_worker", {"id": self.worker_id})
-            except psycopg.Error as exc:
-                log.warning("worker heartbeat failed: %s", exc)
+    async def fetchone(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        rows = await self._fetch(name, params)
+        return rows[0] if rows else None
 
     async def _fetch(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.pool is not None

@@ -16,6 +16,7 @@ from typing import Any
 class TaskPayload:
     id: str
     name: str
+    queue: str
     args: str
     kwargs: str
     attempt: int
@@ -28,6 +29,7 @@ class TaskPayload:
         return cls(
             id=str(row["id"]),
             name=row["name"],
+            queue=row["queue"],
             args=row["args"],
             kwargs=row["kwargs"],
             attempt=row["attempt"],

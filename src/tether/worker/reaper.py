@@ -1,58 +1,107 @@
-"""The reaper: runs in every worker every check_interval_ms; one worker acts per tick.
+"""The reaper: runs in every worker; one worker acts at a time (advisory lock).
 
-A transaction-scoped advisory lock elects the acting worker for a tick; the
-others see the lock taken and skip. Each step is bounded, so a tick's cost does
-not depend on how much history the tables hold.
+Each tick, in this order: expire PENDING tasks past good_until; requeue stale
+CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; prune by
+retention (at most hourly). Between ticks it sleeps until the next task would
+turn stale or expire, but never longer than check_interval_ms, so recovery
+does not wait for a fixed tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any
+import time
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg.rows import dict_row
 
+from tether.broker import recovery
 from tether.broker.queries import q
 from tether.config import RecoveryConfig
 
 log = logging.getLogger("tether.reaper")
 
-BATCH = 1000
+PRUNE_EVERY_S = 3600.0
+# Staleness is strict ("older than"): look a little after the moment itself.
+AFTER_DUE_S = 0.01
+MIN_SLEEP_S = 0.05
 
 
-@dataclass
-class TickReport:
-    acted: bool = False
-    expired: int = 0
+class Reaper:
+    def __init__(self, url: str, config: RecoveryConfig, heartbeat_interval_s: float) -> None:
+        self.url = url
+        self.config = config
+        self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
+        self._conn: psycopg.Connection[dict[str, object]] | None = None
+        self._last_prune = -PRUNE_EVERY_S  # prune on the first tick that gets the lock
+
+    def _connection(self) -> psycopg.Connection[dict[str, object]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(
+                self.url, autocommit=True, row_factory=dict_row, application_name="tether-reaper"
+            )
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def tick(self) -> recovery.Recovered | None:
+        """One pass. None when another worker's reaper holds the lock (it is acting)."""
+        conn = self._connection()
+        cfg = self.config
+        done = recovery.Recovered()
+        with conn.transaction():
+            row = conn.execute(q("reaper_lock")).fetchone()
+            if not row or not row["acquired"]:
+                return None
+            done.expired = recovery.expire_pending(conn)
+            if done.expired:
+                log.info("expired %d task(s) past good_until (TASK_EXPIRED)", done.expired)
+            if cfg.auto_requeue_stale_claimed:
+                done.requeued = recovery.requeue_stale_claimed(conn, cfg.claimed_stale_threshold_ms)
+            if cfg.auto_fail_stale_running:
+                done.retried, done.failed = recovery.recover_stale_running(
+                    conn, cfg.running_stale_threshold_ms
+                )
+            try:
+                with conn.transaction():
+                    done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
+            except psycopg.Error as exc:
+                log.error("could not check workers for stale heartbeats: %s", exc)
+            if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+                self._last_prune = time.monotonic()
+                recovery.prune(conn, cfg)
+        return done
+
+    def sleep_for(self) -> float:
+        """Until the next thing turns stale or expires, within [MIN_SLEEP_S, check_interval]."""
+        check = self.config.check_interval_ms / 1000
+        due = recovery.next_due_in(self._connection(), self.config)
+        if due is None:
+            return check
+        return min(check, max(MIN_SLEEP_S, due + AFTER_DUE_S))
 
 
-async def reap_once(pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]]) -> TickReport:
-    report = TickReport()
-    async with pool.connection() as conn, conn.transaction():
-        row = await (await conn.execute(q("reaper_lock"))).fetchone()
-        if not row or not row["acquired"]:
-            return report
-        report.acted = True
-        row = await (await conn.execute(q("expire_pending"), {"limit": BATCH})).fetchone()
-        report.expired = int(row["expired"]) if row else 0
-    if report.expired:
-        log.info("reaper: expired %d task(s) past good_until (TASK_EXPIRED)", report.expired)
-    return report
-
-
-async def reaper_loop(
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]], config: RecoveryConfig
-) -> None:
-    interval = config.check_interval_ms / 1000
+async def reaper_loop(reaper: Reaper) -> None:
+    backoff = 0.5
     while True:
         try:
-            report = await reap_once(pool)
-            # A full batch means more is waiting: go again at once rather than a tick later.
-            if report.expired >= BATCH:
-                continue
+            done = await asyncio.to_thread(reaper.tick)
+            wait = 0.0 if done is not None and _full(done) else await asyncio.to_thread(reaper.sleep_for)
+            backoff = 0.5
         except psycopg.Error as exc:
-            log.error("reaper tick failed: %s; next try in %.1fs", exc, interval)
-        await asyncio.sleep(interval)
+            reaper.close()
+            log.error("reaper tick failed: %s; next try in %.1fs", exc, backoff)
+            wait = backoff
+            backoff = min(backoff * 2, reaper.config.check_interval_ms / 1000)
+        await asyncio.sleep(wait)
+
+
+def _full(done: recovery.Recovered) -> bool:
+    """A step hit its batch limit: more is waiting, go again at once."""
+    batch = recovery.BATCH
+    return (
+        done.expired >= batch or len(done.requeued) >= batch or len(done.retried) + len(done.failed) >= batch
+    )

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -34,6 +35,7 @@ class ChildSlot:
     process: BaseProcess
     conn: Connection
     ready: bool = False
+    running: bool = False  # current is RUNNING (the child said STARTED)
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
     next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
     extra: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +77,9 @@ class Supervisor:
         self.on_exit = on_exit
         self.slots: dict[int, ChildSlot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # One monotonic timestamp per slot, written by the child's heartbeat thread.
+        # CLOCK_MONOTONIC is shared by all processes of the machine.
+        self.stamps = _CTX.Array("d", processes, lock=False)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -86,10 +91,20 @@ class Supervisor:
         parent_end, child_end = _CTX.Pipe(duplex=True)
         process = _CTX.Process(
             target=child_main,
-            args=(child_end, self.app_path, self.url, self.worker_id, os.getpid(), self.log_level),
+            args=(
+                child_end,
+                self.app_path,
+                self.url,
+                self.worker_id,
+                os.getpid(),
+                self.log_level,
+                self.stamps,
+                index,
+            ),
             name=f"tether-child-{index}",
             daemon=True,
         )
+        self.stamps[index] = time.monotonic()  # a new child is fresh until it proves otherwise
         process.start()
         child_end.close()
         slot = ChildSlot(index, process, parent_end)
@@ -132,6 +147,10 @@ class Supervisor:
         except (OSError, ValueError) as exc:
             log.warning("could not write to child %d (pid %s): %s", slot.index, slot.pid, exc)
             return False
+
+    def stamp_age(self, slot: ChildSlot) -> float:
+        """Seconds since the child's heartbeat thread last stamped its slot."""
+        return time.monotonic() - float(self.stamps[slot.index])
 
     def alive(self) -> list[ChildSlot]:
         return list(self.slots.values())

@@ -6,6 +6,7 @@
 -- name: claim_tasks
 -- One ordered, limited index scan per queue (LATERAL), then the best of those:
 -- `queue = ANY(...)` in one scan would read and sort every ready row instead.
+-- skip_names: names this worker cannot run but another live worker can.
 WITH picked AS (
     SELECT c.id
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -13,6 +14,7 @@ WITH picked AS (
         SELECT t.id, t.priority, t.run_at FROM tether_tasks t
         WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.run_at <= now()
           AND (t.good_until IS NULL OR t.good_until > now())
+          AND t.name <> ALL(%(skip_names)s::text[])
         ORDER BY t.priority DESC, t.run_at, t.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -24,7 +26,7 @@ UPDATE tether_tasks t
 SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
     claimed_by_worker_id = %(worker_id)s
 FROM picked WHERE t.id = picked.id
-RETURNING t.id, t.name, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
+RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
           t.max_retries, t.retry_policy::text;
 
 -- name: start_task

@@ -25,3 +25,137 @@ WITH gone AS (
     SELECT pg_notify('tether_done', id::text) FROM gone WHERE notify_on_done
 )
 SELECT (SELECT count(*) FROM gone) AS expired, (SELECT count(*) FROM told) AS notified;
+
+-- name: requeue_stale_claimed
+-- CLAIMED with no claimer heartbeat (from its owner, for this claim) within the
+-- threshold, or owned by a worker known to be gone: back to PENDING. Safe: the
+-- code never ran. The claim index stays bumped, so a late start is fenced off.
+WITH stale AS (
+    SELECT t.id, t.attempt, t.claimed_by_worker_id,
+           extract(epoch FROM now() - greatest(t.claimed_at, hb.last))::float8 AS silent_s
+    FROM tether_tasks t
+    CROSS JOIN LATERAL (
+        SELECT max(h.sent_at) AS last FROM tether_heartbeats h
+        WHERE h.task_id = t.id AND h.role = 'claimer' AND h.sender_id = t.claimed_by_worker_id
+    ) hb
+    WHERE t.status = 'CLAIMED'
+      AND (%(owner)s::text IS NULL OR t.claimed_by_worker_id = %(owner)s)
+      AND greatest(t.claimed_at, hb.last) < now() - %(threshold)s::interval
+    ORDER BY t.claimed_at
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), back AS (
+    UPDATE tether_tasks t
+    SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
+    FROM stale
+    WHERE t.id = stale.id AND t.status = 'CLAIMED' AND t.attempt = stale.attempt
+    RETURNING t.id, t.name, t.queue, t.run_at, t.attempt, stale.claimed_by_worker_id, stale.silent_s
+), woken AS (
+    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
+    FROM back GROUP BY queue
+)
+SELECT id, name, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
+FROM back;
+
+-- name: stale_running
+-- RUNNING with no runner heartbeat (from its owner) within the threshold. Locked
+-- here; the caller decides retry or failure per task and writes it fenced.
+SELECT t.id, t.name, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
+       extract(epoch FROM now() - greatest(t.started_at, hb.last))::float8 AS silent_s
+FROM tether_tasks t
+CROSS JOIN LATERAL (
+    SELECT max(h.sent_at) AS last FROM tether_heartbeats h
+    WHERE h.task_id = t.id AND h.role = 'runner' AND h.sender_id = t.claimed_by_worker_id
+) hb
+WHERE t.status = 'RUNNING'
+  AND (%(owner)s::text IS NULL OR t.claimed_by_worker_id = %(owner)s)
+  AND greatest(t.started_at, t.progress_at, hb.last) < now() - %(threshold)s::interval
+ORDER BY t.started_at
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: deactivate_stale_workers
+WITH stale AS (
+    SELECT id FROM tether_workers
+    WHERE status = 'active' AND last_heartbeat_at < now() - %(threshold)s::interval
+    ORDER BY last_heartbeat_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tether_workers w
+SET status = 'inactive', inactive_at = now(), updated_at = now()
+FROM stale
+WHERE w.id = stale.id AND w.status = 'active'
+RETURNING w.id, w.hostname, w.pid, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age_s;
+
+-- name: deactivate_worker
+-- A worker found gone (its process no longer exists): no waiting for staleness.
+UPDATE tether_workers SET status = 'inactive', inactive_at = now(), updated_at = now()
+WHERE id = %(id)s AND status = 'active'
+RETURNING id;
+
+-- name: workers_on_host
+SELECT id, pid, process_started_at FROM tether_workers
+WHERE hostname = %(hostname)s AND host_key = %(host_key)s AND status = 'active' AND id <> %(me)s;
+
+-- name: next_due_in
+-- Seconds until the reaper next has something to do: a claim or a run turning
+-- stale, a deadline passing. NULL when nothing is in flight or waiting.
+SELECT extract(epoch FROM min(due) - now())::float8 AS seconds FROM (
+    SELECT greatest(t.claimed_at, hb.last) + %(claimed_threshold)s::interval AS due
+    FROM tether_tasks t
+    CROSS JOIN LATERAL (
+        SELECT max(h.sent_at) AS last FROM tether_heartbeats h
+        WHERE h.task_id = t.id AND h.role = 'claimer' AND h.sender_id = t.claimed_by_worker_id
+    ) hb
+    WHERE t.status = 'CLAIMED'
+    UNION ALL
+    SELECT greatest(t.started_at, t.progress_at, hb.last) + %(running_threshold)s::interval
+    FROM tether_tasks t
+    CROSS JOIN LATERAL (
+        SELECT max(h.sent_at) AS last FROM tether_heartbeats h
+        WHERE h.task_id = t.id AND h.role = 'runner' AND h.sender_id = t.claimed_by_worker_id
+    ) hb
+    WHERE t.status = 'RUNNING'
+    UNION ALL
+    SELECT min(good_until) FROM tether_tasks WHERE status = 'PENDING' AND good_until IS NOT NULL
+) d;
+
+-- name: stale_tasks_report
+-- For operators: RUNNING tasks silent for longer than the threshold, with where they ran.
+SELECT t.id, t.name, t.queue, t.attempt, t.claimed_by_worker_id AS worker_id,
+       w.hostname AS worker_hostname, w.pid AS worker_pid, w.status AS worker_status,
+       t.started_at, greatest(t.started_at, t.progress_at, hb.last) AS last_heartbeat_at,
+       extract(epoch FROM now() - greatest(t.started_at, t.progress_at, hb.last))::float8 AS silent_s
+FROM tether_tasks t
+LEFT JOIN tether_workers w ON w.id = t.claimed_by_worker_id
+CROSS JOIN LATERAL (
+    SELECT max(h.sent_at) AS last FROM tether_heartbeats h
+    WHERE h.task_id = t.id AND h.role = 'runner' AND h.sender_id = t.claimed_by_worker_id
+) hb
+WHERE t.status = 'RUNNING'
+  AND greatest(t.started_at, t.progress_at, hb.last) < now() - %(threshold)s::interval
+ORDER BY t.started_at
+LIMIT %(limit)s;
+
+-- name: prune_heartbeats
+DELETE FROM tether_heartbeats WHERE id IN (
+    SELECT id FROM tether_heartbeats WHERE sent_at < now() - %(age)s::interval LIMIT %(limit)s);
+
+-- name: prune_worker_states
+DELETE FROM tether_worker_states WHERE id IN (
+    SELECT id FROM tether_worker_states WHERE captured_at < now() - %(age)s::interval LIMIT %(limit)s);
+
+-- name: prune_workers
+-- Registry rows of workers stopped or inactive for longer than the snapshot retention.
+DELETE FROM tether_workers WHERE id IN (
+    SELECT id FROM tether_workers
+    WHERE status <> 'active' AND updated_at < now() - %(age)s::interval LIMIT %(limit)s);
+
+-- name: prune_terminal_tasks
+-- Attempts go with their task (ON DELETE CASCADE).
+DELETE FROM tether_tasks WHERE id IN (
+    SELECT id FROM tether_tasks
+    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
+      AND updated_at < now() - %(age)s::interval
+    LIMIT %(limit)s);

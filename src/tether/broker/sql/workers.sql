@@ -2,9 +2,16 @@
 
 -- name: register_worker
 INSERT INTO tether_workers (id, hostname, pid, process_started_at, queues, processes,
-                            tether_version)
+                            tether_version, task_names, host_key)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(process_started_at)s, %(queues)s, %(processes)s,
-        %(version)s);
+        %(version)s, %(task_names)s, %(host_key)s);
+
+-- name: name_known_elsewhere
+-- Does another live worker serving this queue know this task name? (rolling deploys)
+SELECT EXISTS (
+    SELECT 1 FROM tether_workers
+    WHERE status = 'active' AND id <> %(me)s AND %(name)s = ANY(task_names) AND %(queue)s = ANY(queues)
+) AS known;
 
 -- name: touch_worker
 UPDATE tether_workers SET last_heartbeat_at = now(), updated_at = now(),

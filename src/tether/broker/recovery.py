@@ -1,0 +1,190 @@
+"""Recovery of what dead or silent workers left behind, by the rules of DESIGN.md section 2.
+
+- A CLAIMED task whose claimer heartbeat went stale goes back to PENDING: its
+  code never ran, so this is always safe.
+- A RUNNING task whose runner heartbeat went stale was executing: it is retried
+  only if its retry policy lists WORKER_CRASHED and retries are left, otherwise
+  it FAILS with WORKER_CRASHED. Either way one attempt row is written in the
+  same statement as the transition.
+
+Every action is a guarded UPDATE (status + attempt + owner), so a reaper that
+races another reaper, or a worker that comes back late, cannot act twice.
+These functions take a sync connection; the worker's reaper runs them in a
+thread, and the broker's async methods wrap them the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from tether import outcomes
+from tether.broker.queries import q
+from tether.config import RecoveryConfig
+
+log = logging.getLogger("tether.recovery")
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+BATCH = 500
+
+
+@dataclass
+class Recovered:
+    """What one recovery pass did, task by task, for logs, the CLI and tests."""
+
+    expired: int = 0
+    requeued: list[Row] = field(default_factory=list)
+    retried: list[Row] = field(default_factory=list)
+    failed: list[Row] = field(default_factory=list)
+    deactivated: list[Row] = field(default_factory=list)
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.expired or self.requeued or self.retried or self.failed or self.deactivated)
+
+    def merge(self, other: Recovered) -> None:
+        self.expired += other.expired
+        self.requeued += other.requeued
+        self.retried += other.retried
+        self.failed += other.failed
+        self.deactivated += other.deactivated
+
+
+def _ms(value: int | float) -> timedelta:
+    return timedelta(milliseconds=value)
+
+
+def expire_pending(conn: Conn, limit: int = BATCH) -> int:
+    row = conn.execute(q("expire_pending"), {"limit": limit}).fetchone()
+    return int(row["expired"]) if row else 0
+
+
+def requeue_stale_claimed(
+    conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH
+) -> list[Row]:
+    rows = conn.execute(
+        q("requeue_stale_claimed"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
+    ).fetchall()
+    for row in rows:
+        log.warning(
+            "requeued task %s (%s) attempt %d: CLAIMED by %s with no claimer heartbeat for %.1fs; "
+            "its code never ran, back to PENDING",
+            row["id"],
+            row["name"],
+            row["attempt"],
+            row["claimed_by_worker_id"],
+            row["silent_s"],
+        )
+    return rows
+
+
+def recover_stale_running(
+    conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH, why: str | None = None
+) -> tuple[list[Row], list[Row]]:
+    """Retry or fail RUNNING tasks whose runner went silent. Returns (retried, failed).
+
+    Runs in one transaction: the rows stay locked from the scan to the write.
+    """
+    retried: list[Row] = []
+    failed: list[Row] = []
+    with conn.transaction():
+        stale = conn.execute(
+            q("stale_running"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
+        ).fetchall()
+        for row in stale:
+            how = (
+                why
+                or f"no runner heartbeat for {row['silent_s']:.1f}s from worker {row['claimed_by_worker_id']}"
+            )
+            outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
+            fence = outcomes.Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
+            name, params = outcomes.outcome_statement(fence, outcome, hostname=None, pid=None)
+            if not conn.execute(q(name), params).fetchall():
+                continue  # settled by its own worker in the meantime: nothing to do
+            row = {**row, "retry_delay_s": outcome.retry_delay_s}
+            (retried if outcome.will_retry else failed).append(row)
+            log.warning(
+                "task %s (%s) attempt %d: RUNNING on %s, %s; %s",
+                row["id"],
+                row["name"],
+                row["attempt"],
+                row["claimed_by_worker_id"],
+                how,
+                f"retry in {outcome.retry_delay_s:.1f}s (policy retries WORKER_CRASHED)"
+                if outcome.will_retry
+                else "FAILED with WORKER_CRASHED",
+            )
+    return retried, failed
+
+
+def deactivate_stale_workers(conn: Conn, threshold_ms: float, limit: int = BATCH) -> list[Row]:
+    rows = conn.execute(
+        q("deactivate_stale_workers"), {"threshold": _ms(threshold_ms), "limit": limit}
+    ).fetchall()
+    for row in rows:
+        log.warning(
+            "worker %s (host %s, pid %s) heartbeat is stale (%.0fs old), marking it inactive",
+            row["id"],
+            row["hostname"],
+            row["pid"],
+            row["age_s"],
+        )
+    if rows:
+        log.info("deactivated %d worker(s) with stale heartbeats", len(rows))
+    return rows
+
+
+def recover_worker(conn: Conn, worker_id: str, why: str) -> Recovered:
+    """Everything a worker known to be gone held: no waiting for its heartbeats to go stale."""
+    done = Recovered()
+    if conn.execute(q("deactivate_worker"), {"id": worker_id}).fetchall():
+        done.deactivated.append({"id": worker_id})
+    done.requeued = requeue_stale_claimed(conn, 0, owner=worker_id)
+    done.retried, done.failed = recover_stale_running(conn, 0, owner=worker_id, why=why)
+    return done
+
+
+def next_due_in(conn: Conn, config: RecoveryConfig) -> float | None:
+    """Seconds until something turns stale or expires (None: nothing in flight)."""
+    row = conn.execute(
+        q("next_due_in"),
+        {
+            "claimed_threshold": _ms(config.claimed_stale_threshold_ms),
+            "running_threshold": _ms(config.running_stale_threshold_ms),
+        },
+    ).fetchone()
+    return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+
+def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, int]:
+    """Delete rows past their retention, in bounded batches; None in the config disables one."""
+    plan = [
+        ("heartbeats", "prune_heartbeats", config.heartbeat_retention_hours),
+        ("worker_states", "prune_worker_states", config.worker_state_retention_hours),
+        ("workers", "prune_workers", config.worker_state_retention_hours),
+        ("tasks", "prune_terminal_tasks", config.terminal_record_retention_hours),
+    ]
+    deleted: dict[str, int] = {}
+    for label, statement, hours in plan:
+        if hours is None:
+            continue
+        total = 0
+        for _ in range(20):  # at most 20 batches per category per pass: the next pass goes on
+            n = conn.execute(q(statement), {"age": timedelta(hours=hours), "limit": limit}).rowcount
+            total += n
+            if n < limit:
+                break
+        if total:
+            deleted[label] = total
+    if deleted:
+        log.info("retention: pruned %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))
+    return deleted
+
+
+def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[Row]:
+    return conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit}).fetchall()

@@ -1,0 +1,42 @@
+-- The worker's heartbeat: ONE statement per interval for the whole worker,
+-- however many tasks it holds: its registry row, a 'claimer' row per CLAIMED
+-- task, a 'runner' row per RUNNING task whose child stamped its slot in time,
+-- and (every few beats) a snapshot. Rows are only written for tasks this
+-- worker still owns in the expected state; the others come back as 'lost'.
+
+-- name: write_heartbeats
+WITH me AS (
+    UPDATE tether_workers
+    SET last_heartbeat_at = now(), updated_at = now(), status = 'active', inactive_at = NULL
+    WHERE id = %(worker_id)s AND status <> 'stopped'
+    RETURNING id
+), sent AS (
+    SELECT u.task_id, u.role, u.pid
+    FROM unnest(%(task_ids)s::uuid[], %(roles)s::text[], %(pids)s::int[]) AS u (task_id, role, pid)
+), owned AS (
+    SELECT sent.*, t.status FROM sent
+    LEFT JOIN tether_tasks t ON t.id = sent.task_id AND t.claimed_by_worker_id = %(worker_id)s
+        AND t.status IN ('CLAIMED', 'RUNNING')
+), beats AS (
+    INSERT INTO tether_heartbeats (task_id, sender_id, role, hostname, pid)
+    SELECT task_id, %(worker_id)s, role, %(hostname)s, pid FROM owned
+    WHERE status = CASE role WHEN 'claimer' THEN 'CLAIMED' ELSE 'RUNNING' END
+    RETURNING 1
+), snapshot AS (
+    INSERT INTO tether_worker_states (worker_id, running, claimed, tasks_done, rss_bytes, cpu_percent)
+    SELECT %(worker_id)s, %(running)s, %(claimed)s, %(tasks_done)s, %(rss_bytes)s, %(cpu_percent)s
+    WHERE %(snapshot)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM me) AS registered,
+       (SELECT count(*) FROM beats) AS beats,
+       (SELECT count(*) FROM snapshot) AS snapshots,
+       coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status IS NULL), '{}') AS lost;
+
+-- name: report_progress
+-- From inside a task: stored on the row, and it counts as a runner heartbeat.
+UPDATE tether_tasks
+SET progress = %(progress)s::jsonb, progress_at = now(), updated_at = now()
+WHERE id = %(id)s AND status = 'RUNNING' AND attempt = %(attempt)s
+  AND claimed_by_worker_id = %(worker_id)s
+RETURNING id;

@@ -1,0 +1,65 @@
+"""Startup reconciliation: recover what earlier workers on this host left behind.
+
+A worker that starts looks at the workers registered on the same host (same
+hostname and same kernel/pid namespace) that are still marked active. A pid
+that no longer exists, or that now belongs to a process started at another
+time (pids are reused), means that worker is gone: its tasks are recovered at
+once by the reaper's rules, instead of after the stale thresholds. A live
+sibling worker is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import dict_row
+
+from tether.broker import recovery
+from tether.broker.queries import q
+from tether.worker.identity import Identity, process_start_time
+
+log = logging.getLogger("tether.worker.reconcile")
+
+# Process start times come from /proc in clock ticks: allow for rounding.
+START_TIME_SLACK_S = 1.0
+
+
+def is_same_process(pid: int, started_at: datetime | None) -> bool:
+    now_started = process_start_time(pid)
+    if now_started is None:
+        return False
+    if started_at is None:
+        return True  # cannot tell a reused pid: assume alive rather than recover a live worker
+    return abs((now_started - started_at).total_seconds()) <= START_TIME_SLACK_S
+
+
+def reconcile_host(url: str, me: Identity) -> recovery.Recovered:
+    done = recovery.Recovered()
+    with psycopg.connect(
+        url, autocommit=True, row_factory=dict_row, application_name="tether-worker"
+    ) as conn:
+        others = conn.execute(
+            q("workers_on_host"), {"hostname": me.hostname, "host_key": me.host_key, "me": me.worker_id}
+        ).fetchall()
+        for other in others:
+            if is_same_process(other["pid"], other["process_started_at"]):
+                continue
+            why = f"its worker {other['id']} (pid {other['pid']}) on this host is gone"
+            log.warning(
+                "worker %s is gone (pid %s no longer runs it): recovering its tasks",
+                other["id"],
+                other["pid"],
+            )
+            done.merge(recovery.recover_worker(conn, other["id"], why))
+    if done.acted:
+        log.info(
+            "startup reconciliation: %d worker(s) marked inactive, "
+            "%d task(s) requeued, %d retried, %d failed",
+            len(done.deactivated),
+            len(done.requeued),
+            len(done.retried),
+            len(done.failed),
+        )
+    return done
