@@ -93,15 +93,18 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     from psycopg.rows import dict_row
 
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
-        tables = [
-            r["tablename"]
-            for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-                " AND tablename LIKE 'tether%%' AND tablename <> 'tether_schema_version'"
-            ).fetchall()
-        ]
-        conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
+        clean_tables(conn)
         yield conn
+
+
+def clean_tables(conn: psycopg.Connection[Any]) -> None:
+    """Empty every tether table (and the tests' own ledger), keeping the schema."""
+    rows = conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        " AND tablename LIKE 'tether%%' AND tablename <> 'tether_schema_version'"
+    ).fetchall()
+    tables = [r["tablename"] if isinstance(r, dict) else r[0] for r in rows]
+    conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
 
 
 @dataclass

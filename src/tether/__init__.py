@@ -3,6 +3,7 @@
 from tether.app import Tether
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
+from tether.progress import report_progress
 from tether.result import TASK_TERMINAL_STATES, ErrorCode, TaskError, TaskResult, TaskStatus
 
 __version__ = "0.1.0"
@@ -23,4 +24,5 @@ __all__ = [
     "Tether",
     "WorkerConfig",
     "__version__",
+    "report_progress",
 ]

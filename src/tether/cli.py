@@ -287,6 +287,78 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
 
 
 @cli.command()
+@_db_option
+@_json_option
+@click.option("--dry-run", is_flag=True, help="Show what would be recovered; change nothing.")
+@click.option(
+    "--claimed-threshold-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="CLAIMED with no claimer heartbeat this long goes back to PENDING "
+    "(default: claimed_stale_threshold_ms).",
+)
+@click.option(
+    "--running-threshold-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="RUNNING with no runner heartbeat this long is retried or failed "
+    "(default: running_stale_threshold_ms).",
+)
+def recover(
+    database_url: str | None,
+    as_json: bool,
+    dry_run: bool,
+    claimed_threshold_ms: int | None,
+    running_threshold_ms: int | None,
+) -> None:
+    """Recover stale tasks now, by the reaper's rules (manual recovery)."""
+    from tether.broker.recovery import recover_now
+    from tether.config import RecoveryConfig
+
+    rc = RecoveryConfig()
+    broker = _broker(database_url)
+    beat_ms = min(rc.claimer_heartbeat_interval_ms, rc.runner_heartbeat_interval_ms)
+    with broker.connection() as conn:
+        done = recover_now(
+            conn,
+            claimed_threshold_ms=claimed_threshold_ms or rc.claimed_stale_threshold_ms,
+            running_threshold_ms=running_threshold_ms or rc.running_stale_threshold_ms,
+            worker_threshold_ms=3 * beat_ms,
+            dry_run=dry_run,
+        )
+    rows = (
+        [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
+        + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
+        + [("FAILED (WORKER_CRASHED)", r) for r in done.failed]
+    )
+    if as_json:
+        _emit_json(
+            {
+                "dry_run": dry_run,
+                "expired": done.expired,
+                "tasks": [{"action": a, **r} for a, r in rows],
+                "workers_deactivated": done.deactivated,
+            }
+        )
+        return
+    verb = "would be" if dry_run else "were"
+    console.print(
+        _table(
+            f"Stale tasks ({'dry run: nothing changed' if dry_run else 'recovered'})",
+            ["task", "name", "attempt", "worker", "silent", "action"],
+            [
+                [r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], f"{r['silent_s']:.1f}s", a]
+                for a, r in rows
+            ],
+        )
+    )
+    console.print(
+        f"{len(rows)} stale task(s) {verb} recovered, {done.expired} expired task(s) {verb} marked "
+        f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
+    )
+
+
+@cli.command()
 @click.option("--tasks", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
 @click.option("--processes", type=click.IntRange(1, 64), default=2, show_default=True)
 def demo(count: int, processes: int) -> None:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from tether.broker import recovery
 from tether.broker.queries import q
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
@@ -149,6 +150,37 @@ class PostgresBroker:
         rows = await self.afetchall(name, params)
         return rows[0] if rows else None
 
+    # -- manual recovery (operators) ------------------------------------------
+    # Async as in the seed documents, with sync twins; each uses the reaper's rules.
+
+    def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
+        """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""
+        _positive("stale_threshold_minutes", stale_threshold_minutes)
+        with self.connection() as conn:
+            return recovery.stale_tasks(conn, stale_threshold_minutes * 60_000)
+
+    async def get_stale_tasks(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
+        return await asyncio.to_thread(self.get_stale_tasks_sync, stale_threshold_minutes)
+
+    def mark_stale_tasks_as_failed_sync(self, stale_threshold_ms: int = 300_000) -> int:
+        """Fail (or crash-retry, per each task's policy) RUNNING tasks silent past the threshold."""
+        _positive("stale_threshold_ms", stale_threshold_ms)
+        with self.connection() as conn:
+            retried, failed = recovery.recover_stale_running(conn, stale_threshold_ms)
+        return len(retried) + len(failed)
+
+    async def mark_stale_tasks_as_failed(self, stale_threshold_ms: int = 300_000) -> int:
+        return await asyncio.to_thread(self.mark_stale_tasks_as_failed_sync, stale_threshold_ms)
+
+    def requeue_stale_claimed_sync(self, stale_threshold_ms: int = 120_000) -> int:
+        """Put CLAIMED tasks whose claimer went silent past the threshold back to PENDING."""
+        _positive("stale_threshold_ms", stale_threshold_ms)
+        with self.connection() as conn:
+            return len(recovery.requeue_stale_claimed(conn, stale_threshold_ms))
+
+    async def requeue_stale_claimed(self, stale_threshold_ms: int = 120_000) -> int:
+        return await asyncio.to_thread(self.requeue_stale_claimed_sync, stale_threshold_ms)
+
     # -- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
@@ -161,3 +193,8 @@ class PostgresBroker:
             await self._apool.close()
         self._apool = None
         self.close()
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")

@@ -65,12 +65,12 @@ def expire_pending(conn: Conn, limit: int = BATCH) -> int:
 
 
 def requeue_stale_claimed(
-    conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH
+    conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH, quiet: bool = False
 ) -> list[Row]:
     rows = conn.execute(
         q("requeue_stale_claimed"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
     ).fetchall()
-    for row in rows:
+    for row in [] if quiet else rows:
         log.warning(
             "requeued task %s (%s) attempt %d: CLAIMED by %s with no claimer heartbeat for %.1fs; "
             "its code never ran, back to PENDING",
@@ -84,7 +84,13 @@ def requeue_stale_claimed(
 
 
 def recover_stale_running(
-    conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH, why: str | None = None
+    conn: Conn,
+    threshold_ms: float,
+    *,
+    owner: str | None = None,
+    limit: int = BATCH,
+    why: str | None = None,
+    quiet: bool = False,
 ) -> tuple[list[Row], list[Row]]:
     """Retry or fail RUNNING tasks whose runner went silent. Returns (retried, failed).
 
@@ -108,6 +114,8 @@ def recover_stale_running(
                 continue  # settled by its own worker in the meantime: nothing to do
             row = {**row, "retry_delay_s": outcome.retry_delay_s}
             (retried if outcome.will_retry else failed).append(row)
+            if quiet:
+                continue
             log.warning(
                 "task %s (%s) attempt %d: RUNNING on %s, %s; %s",
                 row["id"],
@@ -122,11 +130,13 @@ def recover_stale_running(
     return retried, failed
 
 
-def deactivate_stale_workers(conn: Conn, threshold_ms: float, limit: int = BATCH) -> list[Row]:
+def deactivate_stale_workers(
+    conn: Conn, threshold_ms: float, limit: int = BATCH, *, quiet: bool = False
+) -> list[Row]:
     rows = conn.execute(
         q("deactivate_stale_workers"), {"threshold": _ms(threshold_ms), "limit": limit}
     ).fetchall()
-    for row in rows:
+    for row in [] if quiet else rows:
         log.warning(
             "worker %s (host %s, pid %s) heartbeat is stale (%.0fs old), marking it inactive",
             row["id"],
@@ -134,7 +144,7 @@ def deactivate_stale_workers(conn: Conn, threshold_ms: float, limit: int = BATCH
             row["pid"],
             row["age_s"],
         )
-    if rows:
+    if rows and not quiet:
         log.info("deactivated %d worker(s) with stale heartbeats", len(rows))
     return rows
 
@@ -188,3 +198,21 @@ def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, i
 
 def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[Row]:
     return conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit}).fetchall()
+
+
+def recover_now(
+    conn: Conn,
+    *,
+    claimed_threshold_ms: float,
+    running_threshold_ms: float,
+    worker_threshold_ms: float,
+    dry_run: bool = False,
+) -> Recovered:
+    """One manual pass of the reaper's task rules. A dry run does it all and rolls it back."""
+    done = Recovered()
+    with conn.transaction(force_rollback=dry_run):
+        done.expired = expire_pending(conn)
+        done.requeued = requeue_stale_claimed(conn, claimed_threshold_ms, quiet=dry_run)
+        done.retried, done.failed = recover_stale_running(conn, running_threshold_ms, quiet=dry_run)
+        done.deactivated = deactivate_stale_workers(conn, worker_threshold_ms, quiet=dry_run)
+    return done
