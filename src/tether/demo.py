@@ -1,4 +1,11 @@
-"""``tether demo``: the main job on the embedded database, end to end, as a new user sees it."""
+"""``tether demo``: the main job on the embedded database, end to end, as a new user sees it.
+
+It starts a worker, sends a batch with a progress bar, then shows why tether
+exists: it starts a second worker, kills the first one (SIGKILL to its whole
+process group) while it runs two tasks, and prints their recovery as it
+happens: one task retried on the survivor (its policy allows crash retries),
+one FAILED with WORKER_CRASHED (its policy does not).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +16,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from uuid import UUID
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from tether import AppConfig, TaskError, TaskResult, Tether
+from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskInfo, TaskResult, Tether
 from tether.config import mask_url
 from tether.db.connection import resolve_database_url
 
 app = Tether(AppConfig(queues=["default", "images"]))
+
+# Short heartbeats so the demo's recovery takes seconds, not the production default of minutes.
+RECOVERY_ENV = {
+    "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "1000",
+    "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": "1000",
+    "TETHER_CLAIMED_STALE_THRESHOLD_MS": "2000",
+    "TETHER_RUNNING_STALE_THRESHOLD_MS": "2000",
+    "TETHER_CHECK_INTERVAL_MS": "1000",
+}
 
 
 @app.task("demo.resize", queue="images")
@@ -27,6 +43,27 @@ def resize(image_id: int, width: int) -> TaskResult[str, TaskError]:
     """Pretend to resize an image: a few milliseconds of work."""
     time.sleep(random.uniform(0.001, 0.01))
     return TaskResult(ok=f"s3://demo-bucket/{image_id}-{width}w.jpg")
+
+
+@app.task(
+    "demo.render",
+    retry_policy=RetryPolicy.fixed(0.5, max_retries=2, auto_retry_for=[ErrorCode.WORKER_CRASHED]),
+)
+def render(frames: int) -> TaskResult[str, TaskError]:
+    """Slow, and safe to run again: crash retries allowed."""
+    time.sleep(frames * 0.1)
+    return TaskResult(ok=f"rendered {frames} frames")
+
+
+@app.task("demo.charge")
+def charge(amount_cents: int) -> TaskResult[str, TaskError]:
+    """Slow, and NOT safe to run twice (no crash retries): a crash must surface, not repeat."""
+    time.sleep(30)
+    return TaskResult(ok=f"charged {amount_cents}")
+
+
+class DemoFailed(Exception):
+    pass
 
 
 def run_demo(console: Console, *, count: int, processes: int) -> int:
@@ -37,16 +74,124 @@ def run_demo(console: Console, *, count: int, processes: int) -> int:
     url = resolve_database_url(app.config.broker)
     console.print(f"   database: {mask_url(url)}")
     app.broker.url  # noqa: B018 - resolve and migrate the schema now, not inside the progress bar
+    workers: list[subprocess.Popen[bytes]] = []
+    ok = False
+    try:
+        console.print(f"2. Starting worker A with {processes} child processes...")
+        a = _start_worker(url, processes, workers)
+        a_id = _wait_for_worker(a, timeout=60)
+        console.print(f"   worker A = {a_id} (pid {a.pid})")
+        ok = _batch(console, count, a) and _crash(console, url, processes, workers, a, a_id)
+    except DemoFailed as exc:
+        console.print(f"[red]   {exc}[/red]")
+    finally:
+        console.print("6. Stopping the workers (SIGTERM: finish running tasks, release the rest)...")
+        for proc in workers:
+            _stop(proc)
+        app.close()
+    console.rule("[green]demo finished" if ok else "[red]demo failed")
+    return 0 if ok else 1
 
-    console.print(f"2. Starting a worker with {processes} child processes...")
-    env = {**os.environ, "TETHER_DATABASE_URL": url}
-    worker = subprocess.Popen(
+
+def _batch(console: Console, count: int, worker: subprocess.Popen[bytes]) -> bool:
+    console.print(f"3. Sending {count} tasks in one round trip (send_many)...")
+    started = time.monotonic()
+    handles = resize.send_many([(i,) for i in range(count)], width=640)
+    ids = [h.id for h in handles]
+    done = _watch(console, ids, count, worker)
+    elapsed = time.monotonic() - started
+    counts: dict[str, int] = {
+        r["status"]: r["n"] for r in app.broker.fetchall("count_status_of", {"ids": ids})
+    }
+    sample = handles[0].get(timeout=5)
+    console.print(f"   first result: {sample.ok if sample.is_ok else sample.err}")
+    console.print(
+        f"   {done} of {count} completed in {elapsed:.2f}s ({done / elapsed:.0f} tasks/s): {counts}"
+    )
+    return counts.get("COMPLETED", 0) == count
+
+
+def _crash(
+    console: Console,
+    url: str,
+    processes: int,
+    workers: list[subprocess.Popen[bytes]],
+    a: subprocess.Popen[bytes],
+    a_id: str,
+) -> bool:
+    console.print(
+        "4. Worker A takes two slow tasks: demo.render (crash retries allowed), demo.charge (not)..."
+    )
+    tasks = {"demo.render": render.send(40), "demo.charge": charge.send(1999)}
+    _until(
+        lambda: (
+            all(h.info().claimed_by_worker_id == a_id for h in tasks.values())
+            and all(h.status().value == "RUNNING" for h in tasks.values())
+        ),
+        20,
+        "both tasks RUNNING on A",
+    )
+    console.print("   starting worker B, then killing worker A (SIGKILL to its process group) mid-task...")
+    b = _start_worker(url, processes, workers)
+    b_id = _wait_for_worker(b, timeout=60)
+    console.print(f"   worker B = {b_id} (pid {b.pid})")
+    seen: dict[str, str] = {}
+    for name, handle in tasks.items():
+        info = handle.info()
+        seen[name] = _state(info)
+        console.print(f"   before the kill: {name:12s} {seen[name]}")
+    killed_at = app.broker.fetchone("database_now")
+    os.killpg(a.pid, signal.SIGKILL)
+    a.wait()
+    assert killed_at is not None
+    console.print("5. Recovery, as the database sees it (times from the kill):")
+    deadline = time.monotonic() + 30
+    finished = False
+    while not finished and time.monotonic() < deadline:
+        finished = True
+        for name, handle in tasks.items():
+            info = handle.info()
+            finished = finished and info.status.is_terminal
+            state = _state(info)
+            if seen.get(name) != state:
+                seen[name] = state
+                after = (info.updated_at - killed_at["now"]).total_seconds()
+                console.print(f"   +{after:5.2f}s  {name:12s} {state}{_why(info)}")
+        time.sleep(0.05)
+    render_result = tasks["demo.render"].get(timeout=1)
+    charge_result = tasks["demo.charge"].get(timeout=1)
+    console.print(f"   demo.render: {render_result.ok if render_result.is_ok else render_result.err}")
+    console.print(f"   demo.charge: {charge_result.err if charge_result.is_err else charge_result.ok}")
+    charge_err = charge_result.err
+    return render_result.is_ok and charge_err is not None and charge_err.code == ErrorCode.WORKER_CRASHED
+
+
+def _state(info: TaskInfo) -> str:
+    return f"{info.status.value} (attempt {info.attempt}, worker {info.claimed_by_worker_id or '-'})"
+
+
+def _why(info: TaskInfo) -> str:
+    attempts = info.attempts
+    if info.status.value not in ("PENDING", "FAILED") or not attempts:
+        return ""
+    if attempts[-1].error_code != ErrorCode.WORKER_CRASHED:
+        return ""
+    last = attempts[-1]
+    rule = "retry scheduled" if last.will_retry else "FAILED"
+    return f"  <- {rule}: {last.error_message}"
+
+
+def _start_worker(
+    url: str, processes: int, workers: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TETHER_DATABASE_URL": url, **RECOVERY_ENV}
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "tether",
             "--log-level",
-            "WARNING",
+            "ERROR",
             "worker",
             "tether.demo:app",
             "--processes",
@@ -55,42 +200,29 @@ def run_demo(console: Console, *, count: int, processes: int) -> int:
             "10",
         ],
         env=env,
+        start_new_session=True,  # its own process group: the demo kills it whole
     )
-    try:
-        worker_id = _wait_for_worker(worker, timeout=60)
-        console.print(f"   worker {worker_id} is up (pid {worker.pid})")
+    workers.append(proc)
+    return proc
 
-        console.print(f"3. Sending {count} tasks in one round trip (send_many)...")
-        started = time.monotonic()
-        handles = resize.send_many([(i,) for i in range(count)], width=640)
-        ids = [h.id for h in handles]
-        done = _watch(console, ids, count, worker)
-        elapsed = time.monotonic() - started
 
-        counts = {r["status"]: r["n"] for r in app.broker.fetchall("count_status_of", {"ids": ids})}
-        table = Table(title="Outcome", title_justify="left")
-        table.add_column("status")
-        table.add_column("tasks", justify="right")
-        for status, n in sorted(counts.items()):
-            table.add_row(status, str(n))
-        console.print(table)
-        sample = handles[0].get(timeout=5)
-        console.print(f"   first result: {sample.ok if sample.is_ok else sample.err}")
-        console.print(f"   {done} tasks completed in {elapsed:.2f}s ({done / elapsed:.0f} tasks/s)")
-    finally:
-        console.print("4. Stopping the worker (SIGTERM: finish running tasks, release the rest)...")
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
-        console.print(f"   worker exited with code {worker.returncode}")
-        app.close()
-    ok = counts.get("COMPLETED", 0) == count and worker.returncode == 0
-    console.rule("[green]demo finished" if ok else "[red]demo failed")
-    return 0 if ok else 1
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise DemoFailed(f"timed out waiting for {what}")
 
 
 def _wait_for_worker(worker: subprocess.Popen[bytes], timeout: float) -> str:
@@ -98,12 +230,12 @@ def _wait_for_worker(worker: subprocess.Popen[bytes], timeout: float) -> str:
     hostname = socket.gethostname()
     while time.monotonic() < deadline:
         if worker.poll() is not None:
-            raise RuntimeError(f"the demo worker exited early with code {worker.returncode}")
+            raise DemoFailed(f"a demo worker exited early with code {worker.returncode}")
         row = app.broker.fetchone("find_worker_by_pid", {"pid": worker.pid, "hostname": hostname})
         if row:
             return str(row["id"])
         time.sleep(0.1)
-    raise RuntimeError(f"the demo worker did not register within {timeout:.0f}s")
+    raise DemoFailed(f"a demo worker did not register within {timeout:.0f}s")
 
 
 def _watch(console: Console, ids: list[UUID], count: int, worker: subprocess.Popen[bytes]) -> int:

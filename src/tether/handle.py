@@ -60,6 +60,9 @@ class TaskInfo:
     cancelled_at: datetime | None
     expired_at: datetime | None
     next_retry_at: datetime | None
+    updated_at: datetime
+    progress: dict[str, Any] | None
+    progress_at: datetime | None
     result: TaskResult[Any, TaskError] | None
     attempts: tuple[AttemptInfo, ...]
 
@@ -232,6 +235,9 @@ def _info(row: dict[str, Any], attempts: list[dict[str, Any]]) -> TaskInfo:
         cancelled_at=row["cancelled_at"],
         expired_at=row["expired_at"],
         next_retry_at=row["next_retry_at"],
+        updated_at=row["updated_at"],
+        progress=row["progress"],
+        progress_at=row["progress_at"],
         result=result_from_row(row["status"], row["result"]),
         attempts=tuple(AttemptInfo(**a) for a in attempts),
     )

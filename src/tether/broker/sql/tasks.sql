@@ -31,7 +31,7 @@ FROM ins GROUP BY queue;
 SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,
        retry_count, max_retries, retry_policy, good_until, run_at, sent_at, enqueued_at,
        claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
-       next_retry_at, updated_at, claimed_by_worker_id
+       next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at
 FROM tether_tasks WHERE id = %(id)s;
 
 -- name: get_status
@@ -84,3 +84,6 @@ SELECT status, count(*) AS n FROM tether_tasks WHERE id = ANY(%(ids)s::uuid[]) G
 SELECT id, status FROM tether_workers
 WHERE pid = %(pid)s AND hostname = %(hostname)s AND status = 'active'
 ORDER BY started_at DESC LIMIT 1;
+
+-- name: database_now
+SELECT now() AS now;
