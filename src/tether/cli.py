@@ -122,12 +122,16 @@ def migrate(database_url: str | None) -> None:
 @_db_option
 @_json_option
 def status(database_url: str | None, as_json: bool) -> None:
-    """Counts per queue and status, and the workers."""
+    """Counts per queue and status, workers with heartbeat age, stale tasks."""
+    from tether.config import RecoveryConfig
+
     broker = _broker(database_url)
     counts = broker.fetchall("count_by_queue_status")
     workers = broker.fetchall("list_workers", {"all": False, "limit": 100})
+    threshold_min = RecoveryConfig().running_stale_threshold_ms / 60_000
+    stale = broker.get_stale_tasks_sync(stale_threshold_minutes=threshold_min)
     if as_json:
-        _emit_json({"counts": counts, "workers": workers})
+        _emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})
         return
     statuses = [s.value for s in TaskStatus]
     per_queue: dict[str, dict[str, int]] = {}
@@ -141,6 +145,23 @@ def status(database_url: str | None, as_json: bool) -> None:
         )
     )
     console.print(_workers_table(workers))
+    console.print(
+        _table(
+            f"Stale tasks (RUNNING, no runner heartbeat for over {threshold_min * 60:.0f}s)",
+            ["task", "name", "worker", "host", "worker status", "silent"],
+            [
+                [
+                    r["id"],
+                    r["name"],
+                    r["worker_id"],
+                    r["worker_hostname"],
+                    r["worker_status"],
+                    f"{r['silent_s']:.0f}s",
+                ]
+                for r in stale
+            ],
+        )
+    )
 
 
 def _workers_table(workers: list[dict[str, Any]]) -> Table:
@@ -236,8 +257,9 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     if row is None:
         raise click.ClickException(f"no task with id {tid}")
     attempts = broker.fetchall("get_attempts", {"id": tid})
+    beats = broker.fetchall("get_heartbeats", {"id": tid, "limit": 10})
     if as_json:
-        _emit_json({**row, "attempts": attempts})
+        _emit_json({**row, "attempts": attempts, "heartbeats": beats})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
     for key in (
@@ -282,6 +304,13 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
                 ]
                 for a in attempts
             ],
+        )
+    )
+    console.print(
+        _table(
+            "Latest heartbeats",
+            ["role", "sender", "host", "pid", "sent"],
+            [[b["role"], b["sender_id"], b["hostname"], b["pid"], _ts(b["sent_at"])] for b in beats],
         )
     )
 

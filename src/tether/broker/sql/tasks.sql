@@ -87,3 +87,7 @@ ORDER BY started_at DESC LIMIT 1;
 
 -- name: database_now
 SELECT now() AS now;
+
+-- name: get_heartbeats
+SELECT role, sender_id, hostname, pid, sent_at FROM tether_heartbeats
+WHERE task_id = %(id)s ORDER BY sent_at DESC LIMIT %(limit)s;
