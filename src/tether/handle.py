@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from tether.app import Tether
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,7 @@ class TaskHandle(Generic[T]):
         return TaskStatus(row["status"])
 
     async def status_async(self) -> TaskStatus:
-        row = await self.app.broker.afetchone("get_status", {"id": self.id})
+        row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
         if row is None:
             raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
         return TaskStatus(row["status"])
@@ -126,7 +128,7 @@ class TaskHandle(Generic[T]):
         return bool(self.app.broker.fetchall("cancel_task", {"id": self.id}))
 
     async def cancel_async(self) -> bool:
-        return bool(await self.app.broker.afetchall("cancel_task", {"id": self.id}))
+        return bool(await _in_thread(self.app.broker.fetchall, "cancel_task", {"id": self.id}))
 
     # -- waiting -------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class TaskHandle(Generic[T]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), poll if left is None else min(poll, left))
                 woken.clear()
-                row = await self.app.broker.afetchone("get_status", {"id": self.id})
+                row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
                 found = _result_or_missing(self.id, row)
                 if found is not None:
                     return found
@@ -187,11 +189,23 @@ class TaskHandle(Generic[T]):
         return _result_or_missing(self.id, self.app.broker.fetchone("watch_task", {"id": self.id}))
 
     async def _watch_async(self) -> TaskResult[T, TaskError] | None:
-        row = await self.app.broker.afetchone("watch_task", {"id": self.id})
+        row = await _in_thread(self.app.broker.fetchone, "watch_task", {"id": self.id})
         return _result_or_missing(self.id, row)
 
     def _read(self) -> TaskResult[T, TaskError] | None:
         return _result_or_missing(self.id, self.app.broker.fetchone("get_status", {"id": self.id}))
+
+
+async def _in_thread(fn: Callable[..., R], *args: Any) -> R:
+    """Run a sync broker call off the event loop.
+
+    The async API deliberately uses the broker's sync pool through a thread, not a
+    psycopg AsyncConnectionPool: such a pool belongs to one event loop, and a loop that
+    ends (every asyncio.run() does) while the pool is still growing never finishes
+    closing, because the pool retries the connect it was cancelled in (a hang of up to
+    its 5-minute reconnect timeout), and each new loop would leak one more open pool.
+    """
+    return await asyncio.to_thread(fn, *args)
 
 
 def _check_timeout(timeout: float | None) -> None:

@@ -6,6 +6,7 @@ arguments bind to the signature, values encode to JSON, options are in range.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -180,7 +181,7 @@ class BoundTask:
 
     async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         params = self._prepare(delay, args, kwargs)
-        await self.task.app.broker.afetchall("insert_task", params)
+        await asyncio.to_thread(self.task.app.broker.fetchall, "insert_task", params)  # see handle._in_thread
         return TaskHandle(self.task.app, params["id"], self.task.name)
 
     def _prepare_many(
@@ -227,26 +228,24 @@ class BoundTask:
     ) -> list[TaskHandle[Any]]:
         """Enqueue many in one transaction (one statement per 20,000): all or none."""
         chunks, ids = self._prepare_many(items, common)
-        if chunks:
-            from tether.broker.queries import q
-
-            with self.task.app.broker.connection() as conn, conn.transaction():
-                for params in chunks:
-                    conn.execute(q("insert_tasks"), params)
+        self._insert_many(chunks)
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
 
     async def send_many_async(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
     ) -> list[TaskHandle[Any]]:
         chunks, ids = self._prepare_many(items, common)
-        if chunks:
-            from tether.broker.queries import q
-
-            pool = await self.task.app.broker.apool()
-            async with pool.connection() as conn, conn.transaction():
-                for params in chunks:
-                    await conn.execute(q("insert_tasks"), params)
+        await asyncio.to_thread(self._insert_many, chunks)  # see handle._in_thread
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
+
+    def _insert_many(self, chunks: list[dict[str, Any]]) -> None:
+        if not chunks:
+            return
+        from tether.broker.queries import q
+
+        with self.task.app.broker.connection() as conn, conn.transaction():
+            for params in chunks:
+                conn.execute(q("insert_tasks"), params)
 
 
 def _check_good_until(value: Any) -> datetime:

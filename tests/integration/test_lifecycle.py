@@ -17,7 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from tests.apps.support import (
     attempt_rows,
@@ -28,7 +27,7 @@ from tests.apps.support import (
     runs,
     task_row,
 )
-from tests.conftest import WorkerFactory, clean_tables, WorkerProcess, wait_until
+from tests.conftest import WorkerFactory, WorkerProcess, clean_tables, wait_until
 from tether import ErrorCode, TaskStatus
 
 APP = "tests.apps.basic:app"

@@ -418,7 +418,12 @@ class Worker:
     async def _record_crash(self, held: list[TaskPayload]) -> None:
         """The child died: its started task crashed, an unstarted one never ran and goes back."""
         for task in held:
-            verdict = await asyncio.to_thread(self._record_crash_sync, task)
+            try:
+                verdict = await asyncio.to_thread(self._record_crash_sync, task)
+            except psycopg.Error as exc:
+                # The database stayed away longer than the recorder retries: the reaper
+                # (here or elsewhere) recovers the task by its heartbeats instead.
+                verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             self.inflight.pop(task.id, None)
             log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
         self._wake.set()
