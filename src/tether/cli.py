@@ -22,15 +22,24 @@ from tether.result import TaskStatus
 console = Console()
 
 
-def _broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:
+def _config(database_url: str | None, app_path: str | None = None) -> AppConfig:
+    """The app's config when --app is given (its thresholds and queues), else TETHER_* and defaults."""
     if app_path:
         from tether.worker.app_loader import load_app
 
-        app = load_app(app_path)
-        if database_url:
-            return PostgresBroker(PostgresConfig(database_url=database_url))
-        return app.broker
-    return PostgresBroker(PostgresConfig(database_url=database_url) if database_url else PostgresConfig())
+        config = load_app(app_path).config
+    else:
+        config = AppConfig()
+    if database_url:
+        config = config.model_copy(update={"broker": PostgresConfig(database_url=database_url)})
+    return config
+
+
+def _broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:
+    broker = PostgresBroker(_config(database_url, app_path).broker)
+    # Close the pool before the interpreter tears threads down (else psycopg_pool warns).
+    click.get_current_context().call_on_close(broker.close)
+    return broker
 
 
 def _emit_json(data: Any) -> None:
@@ -53,6 +62,12 @@ _db_option = click.option(
     help="PostgreSQL URL (default: TETHER_DATABASE_URL, else the embedded server).",
 )
 _json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+_app_option = click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="module:app whose RecoveryConfig (thresholds, intervals) to use; default: TETHER_* and defaults.",
+)
 
 
 @click.group()
@@ -121,14 +136,14 @@ def migrate(database_url: str | None) -> None:
 @cli.command()
 @_db_option
 @_json_option
-def status(database_url: str | None, as_json: bool) -> None:
+@_app_option
+def status(database_url: str | None, as_json: bool, app_path: str | None) -> None:
     """Counts per queue and status, workers with heartbeat age, stale tasks."""
-    from tether.config import RecoveryConfig
-
-    broker = _broker(database_url)
+    rc = _config(database_url, app_path).recovery
+    broker = _broker(database_url, app_path)
     counts = broker.fetchall("count_by_queue_status")
     workers = broker.fetchall("list_workers", {"all": False, "limit": 100})
-    threshold_min = RecoveryConfig().running_stale_threshold_ms / 60_000
+    threshold_min = rc.running_stale_threshold_ms / 60_000
     stale = broker.get_stale_tasks_sync(stale_threshold_minutes=threshold_min)
     if as_json:
         _emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})
@@ -285,6 +300,8 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
         "args",
         "kwargs",
         "result",
+        "progress",
+        "progress_at",
     ):
         fields.add_row(key, "" if row[key] is None else str(row[key]))
     console.print(fields)
@@ -333,19 +350,20 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     help="RUNNING with no runner heartbeat this long is retried or failed "
     "(default: running_stale_threshold_ms).",
 )
+@_app_option
 def recover(
     database_url: str | None,
     as_json: bool,
     dry_run: bool,
     claimed_threshold_ms: int | None,
     running_threshold_ms: int | None,
+    app_path: str | None,
 ) -> None:
     """Recover stale tasks now, by the reaper's rules (manual recovery)."""
     from tether.broker.recovery import recover_now
-    from tether.config import RecoveryConfig
 
-    rc = RecoveryConfig()
-    broker = _broker(database_url)
+    rc = _config(database_url, app_path).recovery
+    broker = _broker(database_url, app_path)
     beat_ms = min(rc.claimer_heartbeat_interval_ms, rc.runner_heartbeat_interval_ms)
     with broker.connection() as conn:
         done = recover_now(
@@ -391,7 +409,8 @@ def recover(
 @click.option("--tasks", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
 @click.option("--processes", type=click.IntRange(1, 64), default=2, show_default=True)
 def demo(count: int, processes: int) -> None:
-    """Start a worker on the embedded database, send work, watch it complete."""
+    """The main job on the embedded database: two workers, a batch of tasks, then one
+    worker killed mid-task and its tasks' recovery shown as it happens."""
     from tether.demo import run_demo
 
     sys.exit(run_demo(console, count=count, processes=processes))

@@ -23,10 +23,23 @@ def resolve_database_url(config: PostgresConfig) -> str:
     return ensure_shared_server()
 
 
+# A network that silently drops packets must fail a write in bounded time (so a
+# worker can fence itself off before the reaper declares it dead), not after the
+# kernel's default retransmission timeout of many minutes. Ignored on Unix sockets.
+TCP_SETTINGS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:
     return {
         "connect_timeout": max(1, round(config.connect_timeout_s)),
         "application_name": config.application_name,
+        **TCP_SETTINGS,
     }
 
 

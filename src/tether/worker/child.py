@@ -78,8 +78,11 @@ def child_main(
     index: int,
 ) -> None:
     die_with_parent(parent_pid)
-    # Ctrl-C in a terminal reaches the whole process group; shutdown is the main process's call.
+    # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
+    # process of the worker: shutdown (and the grace period) is the main process's call.
+    # The child still dies with its parent (PR_SET_PDEATHSIG) and to the parent's SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"
     )

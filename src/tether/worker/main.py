@@ -17,6 +17,7 @@ from tether import __version__, outcomes
 from tether.app import Tether
 from tether.broker.queries import q
 from tether.config import WorkerConfig
+from tether.db.connection import TCP_SETTINGS
 from tether.result import ErrorCode, TaskError
 from tether.worker import protocol
 from tether.worker.heartbeat import heartbeat_loop
@@ -84,7 +85,12 @@ class Worker:
             url,
             min_size=1,
             max_size=3,
-            kwargs={"autocommit": True, "row_factory": dict_row, "application_name": "tether-worker"},
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "application_name": "tether-worker",
+                **TCP_SETTINGS,
+            },
             timeout=bcfg.connect_timeout_s,
             name="tether-worker",
             open=False,

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from tether.broker import recovery
 from tether.broker.queries import q
 from tether.config import RecoveryConfig
+from tether.db.connection import TCP_SETTINGS
 
 log = logging.getLogger("tether.reaper")
 
@@ -39,7 +40,11 @@ class Reaper:
     def _connection(self) -> psycopg.Connection[dict[str, object]]:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(
-                self.url, autocommit=True, row_factory=dict_row, application_name="tether-reaper"
+                self.url,
+                autocommit=True,
+                row_factory=dict_row,
+                application_name="tether-reaper",
+                **TCP_SETTINGS,
             )
         return self._conn
 

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from tether.broker import recovery
 from tether.broker.queries import q
+from tether.db.connection import TCP_SETTINGS
 from tether.worker.identity import Identity, process_start_time
 
 log = logging.getLogger("tether.worker.reconcile")
@@ -38,7 +39,7 @@ def is_same_process(pid: int, started_at: datetime | None) -> bool:
 def reconcile_host(url: str, me: Identity) -> recovery.Recovered:
     done = recovery.Recovered()
     with psycopg.connect(
-        url, autocommit=True, row_factory=dict_row, application_name="tether-worker"
+        url, autocommit=True, row_factory=dict_row, application_name="tether-worker", **TCP_SETTINGS
     ) as conn:
         others = conn.execute(
             q("workers_on_host"), {"hostname": me.hostname, "host_key": me.host_key, "me": me.worker_id}

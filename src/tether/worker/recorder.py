@@ -25,6 +25,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tether.broker.queries import q
+from tether.db.connection import TCP_SETTINGS
 from tether.outcomes import Fence, Outcome, outcome_statement
 from tether.worker.protocol import TaskPayload
 
@@ -56,6 +57,7 @@ class Recorder:
                 row_factory=dict_row,
                 connect_timeout=self.connect_timeout,
                 application_name="tether-worker",
+                **TCP_SETTINGS,
             )
         return self._conn
 
