@@ -145,6 +145,10 @@ class TaskHandle(Generic[T]):
         listener.subscribe(key, woken.set)
         poll = self.app.config.result_poll_interval_ms / 1000
         try:
+            # A task that finished between the first look and subscribe notified nobody.
+            found = self._read()
+            if found is not None:
+                return found
             while True:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -171,6 +175,10 @@ class TaskHandle(Generic[T]):
         listener.subscribe(key, wake)
         poll = self.app.config.result_poll_interval_ms / 1000
         try:
+            # A task that finished between the first look and subscribe notified nobody.
+            found = await self._read_async()
+            if found is not None:
+                return found
             while True:
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
@@ -178,8 +186,7 @@ class TaskHandle(Generic[T]):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), poll if left is None else min(poll, left))
                 woken.clear()
-                row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
-                found = _result_or_missing(self.id, row)
+                found = await self._read_async()
                 if found is not None:
                     return found
         finally:
@@ -194,6 +201,10 @@ class TaskHandle(Generic[T]):
 
     def _read(self) -> TaskResult[T, TaskError] | None:
         return _result_or_missing(self.id, self.app.broker.fetchone("get_status", {"id": self.id}))
+
+    async def _read_async(self) -> TaskResult[T, TaskError] | None:
+        row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
+        return _result_or_missing(self.id, row)
 
 
 async def _in_thread(fn: Callable[..., R], *args: Any) -> R:
@@ -210,7 +221,7 @@ async def _in_thread(fn: Callable[..., R], *args: Any) -> R:
 
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0  # NaN too
     ):
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
 

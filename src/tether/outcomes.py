@@ -52,7 +52,7 @@ def failure(error: TaskError, retry_policy_json: str | None, retry_count: int) -
     except SerializationError:
         # Exception messages and error data can hold what jsonb refuses (NUL bytes,
         # lone surrogates, odd objects): keep the code, turn the rest into safe text.
-        error = TaskError(error.code, printable(error.message), printable(repr(error.data)))
+        error = TaskError(error.code, printable(error.message), storable(error.data))
         result_json = codec.encode_result(TaskResult(err=error))
     code = str(error.code)
     return Outcome(
@@ -68,6 +68,21 @@ def crashed(retry_policy_json: str | None, retry_count: int, how: str) -> Outcom
 def printable(text: str) -> str:
     """Text that PostgreSQL's jsonb accepts: no NUL character, no lone surrogates."""
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def storable(data: Any) -> Any:
+    """Error data made storable while keeping its shape (a traceback stays under its key)."""
+    if isinstance(data, str):
+        return printable(data)
+    if isinstance(data, dict):
+        return {printable(str(k)): storable(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [storable(v) for v in data]
+    try:
+        codec.dumps(data)
+        return data
+    except SerializationError:
+        return printable(repr(data))
 
 
 @dataclass(frozen=True, slots=True)

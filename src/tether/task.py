@@ -264,6 +264,12 @@ def _check_delay(delay: Any) -> timedelta:
         raise InvalidOptionError(
             f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}"
         )
+    if not isinstance(delay, timedelta) and not 0 <= delay <= MAX_DELAY.total_seconds():
+        # Checked as a number first: timedelta() itself fails on NaN, inf and huge values.
+        raise InvalidOptionError(
+            f"delay must be between 0 and {MAX_DELAY.days} days ({MAX_DELAY.total_seconds():.0f} s), "
+            f"got {delay!r}"
+        )
     td = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
     if td < timedelta(0) or td > MAX_DELAY:
         raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")

@@ -62,6 +62,9 @@ class ResultListener:
                 with self._broker.connect() as conn:
                     conn.execute("LISTEN tether_done")
                     self.listening.set()
+                    # What finished before LISTEN took effect notified nobody (the first
+                    # connection, or a reconnection): every waiter looks at its row again.
+                    self._wake_all()
                     backoff = 0.1
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=1.0):
@@ -77,6 +80,12 @@ class ResultListener:
                 log.warning("result listener lost its connection (%s); retrying in %.1fs", exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            task_ids = list(self._waiters)
+        for task_id in task_ids:
+            self._wake(task_id)
 
     def _wake(self, task_id: str) -> None:
         with self._lock:

@@ -179,3 +179,9 @@ def retry_later(token: str) -> TaskResult[None, TaskError]:
 def nul_result() -> TaskResult[str, TaskError]:
     """Returns a string PostgreSQL cannot store (a NUL character)."""
     return TaskResult(ok="a\x00b")
+
+
+@app.task("boom_nul")
+def boom_nul() -> TaskResult[None, TaskError]:
+    """Raises an exception whose message PostgreSQL cannot store (a NUL character)."""
+    raise RuntimeError("bad byte \x00 here")

@@ -184,3 +184,23 @@ def test_a_cancelled_claimed_task_cannot_start(
     assert rec_a.record(task, COMPLETED) == (False, None)
     assert task_row(db, task.id)["status"] == "CANCELLED"
     assert attempt_rows(db, task.id) == []
+
+
+def test_releasing_a_stale_claim_leaves_the_newer_claim_alone(
+    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+) -> None:
+    # Release (graceful shutdown, a child that died before starting) is a transition too:
+    # it must present the attempt it holds, like every other fenced write.
+    rec_a, _ = recorders
+    basic.add.send(1, 2)
+    (old,) = claim(db, A)
+    requeue(db, old.id)
+    (new,) = claim(db, A)  # the same worker holds a newer claim of the same task
+    assert new.attempt == old.attempt + 1
+
+    assert rec_a.release([old]) == 0
+    row = task_row(db, new.id)
+    assert (row["status"], row["attempt"], row["claimed_by_worker_id"]) == ("CLAIMED", new.attempt, A)
+    assert rec_a.start(new) is True
+    assert rec_a.release([new]) == 0  # started: no longer releasable
+    assert task_row(db, new.id)["status"] == "RUNNING"

@@ -173,6 +173,19 @@ def test_unstorable_result_fails_the_task_not_the_worker(
     assert "exited with code" not in default_worker.log()
 
 
+def test_exception_with_an_unstorable_message_fails_the_task_not_the_worker(
+    basic: ModuleType, conn: psycopg.Connection[Any], default_worker: WorkerProcess
+) -> None:
+    # Exception messages are the user's text too (a NUL from a C library, a binary
+    # protocol): the task must still fail as UNHANDLED_EXCEPTION, with the traceback.
+    handle = basic.boom_nul.send()
+    err = handle.get(timeout=WAIT).err
+    assert err is not None and err.code == ErrorCode.UNHANDLED_EXCEPTION, err
+    assert "bad byte" in err.message and "Traceback" in err.data["traceback"]
+    assert task_row(conn, handle.id)["status"] == "FAILED"
+    assert basic.add.send(1, 1).get(timeout=WAIT).ok == 2
+
+
 # -- retries ---------------------------------------------------------------------------
 
 

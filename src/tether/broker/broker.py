@@ -1,7 +1,9 @@
 """PostgresBroker: the app's door to the database (pools, schema check, named statements).
 
-Sync and async callers share the same named statements; only the pool differs.
-Pools are opened lazily on first use, so importing an app (as every worker child
+One sync pool serves every caller; async APIs run it in a thread. (psycopg's
+async pool belongs to one event loop, and one left behind by a finished loop
+never closes cleanly: a process that calls asyncio.run() repeatedly would hang
+or leak.) The pool is opened lazily on first use, so importing an app (as every worker child
 does) opens nothing, and a forked process never reuses its parent's sockets.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.broker import recovery
 from tether.broker.queries import q
@@ -38,8 +40,6 @@ class PostgresBroker:
         self._url: str | None = None
         self._pid = os.getpid()
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
-        self._apool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] | None = None
-        self._apool_loop: asyncio.AbstractEventLoop | None = None
 
     # -- where and how -------------------------------------------------------
 
@@ -65,8 +65,6 @@ class PostgresBroker:
             # The parent's pool sockets belong to the parent: never close or use them here.
             self._pid = os.getpid()
             self._pool = None
-            self._apool = None
-            self._apool_loop = None
             self._lock = threading.Lock()
 
     def _pool_kwargs(self) -> dict[str, Any]:
@@ -94,25 +92,6 @@ class PostgresBroker:
                     )
         return self._pool
 
-    async def apool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Row]]:
-        self._forget_if_forked()
-        loop = asyncio.get_running_loop()
-        if self._apool is None or self._apool_loop is not loop:
-            # Resolving the URL may start the embedded server: keep it off the event loop.
-            url: str = self._url if self._url is not None else await asyncio.to_thread(lambda: self.url)
-            pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
-                url,
-                min_size=self.config.pool_min_size,
-                max_size=self.config.pool_max_size,
-                kwargs=self._pool_kwargs(),
-                timeout=self.config.connect_timeout_s,
-                name="tether-async",
-                open=False,
-            )
-            await pool.open()
-            self._apool, self._apool_loop = pool, loop
-        return self._apool
-
     # -- running named statements -------------------------------------------
 
     @contextmanager
@@ -136,19 +115,6 @@ class PostgresBroker:
     def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
         with self.connection() as conn:
             return conn.execute(q(name), params or {}).rowcount
-
-    async def afetchall(self, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        pool = await self.apool()
-        try:
-            async with pool.connection() as conn:
-                cur = await conn.execute(q(name), params or {})
-                return await cur.fetchall()
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            raise unreachable(self.url, exc) from exc
-
-    async def afetchone(self, name: str, params: dict[str, Any] | None = None) -> Row | None:
-        rows = await self.afetchall(name, params)
-        return rows[0] if rows else None
 
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.
@@ -187,12 +153,6 @@ class PostgresBroker:
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.close()
         self._pool = None
-
-    async def aclose(self) -> None:
-        if self._apool is not None and os.getpid() == self._pid:
-            await self._apool.close()
-        self._apool = None
-        self.close()
 
 
 def _positive(name: str, value: float) -> None:

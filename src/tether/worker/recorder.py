@@ -146,7 +146,11 @@ class Recorder:
 
     def release(self, tasks: list[TaskPayload]) -> int:
         """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""
-        params = {"ids": [t.id for t in tasks], "worker_id": self.worker_id}
+        params = {
+            "ids": [t.id for t in tasks],
+            "attempts": [t.attempt for t in tasks],
+            "worker_id": self.worker_id,
+        }
         row, _ = self._with_retry(
             "releasing claimed tasks", lambda c: c.execute(q("release_claimed"), params).fetchone()
         )

@@ -79,12 +79,15 @@ SELECT id, pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::
 
 -- name: release_claimed
 -- Graceful shutdown or a child that died before starting: the code never ran,
--- so the claim is simply undone (the attempt number stays bumped: it is a token).
+-- so the claim is simply undone. Fenced like every write: only the claim this
+-- worker holds with exactly that attempt number (the number stays bumped).
 WITH back AS (
-    UPDATE tether_tasks
+    UPDATE tether_tasks t
     SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
-    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'CLAIMED' AND claimed_by_worker_id = %(worker_id)s
-    RETURNING id, queue, run_at
+    FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS mine (id, attempt)
+    WHERE t.id = mine.id AND t.attempt = mine.attempt AND t.status = 'CLAIMED'
+      AND t.claimed_by_worker_id = %(worker_id)s
+    RETURNING t.id, t.queue, t.run_at
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM back GROUP BY queue

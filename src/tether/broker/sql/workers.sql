@@ -25,7 +25,7 @@ WHERE id = %(id)s;
 
 -- name: list_workers
 SELECT w.id, w.hostname, w.pid, w.queues, w.processes, w.status, w.started_at,
-       w.last_heartbeat_at, extract(epoch FROM now() - w.last_heartbeat_at) AS heartbeat_age_s,
+       w.last_heartbeat_at, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
        (SELECT count(*) FROM tether_tasks t
          WHERE t.claimed_by_worker_id = w.id AND t.status = 'CLAIMED') AS claimed,
        (SELECT count(*) FROM tether_tasks t

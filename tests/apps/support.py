@@ -1,0 +1,68 @@
+"""Helpers shared by the integration tests: loading the test apps, reading rows and the ledger."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+
+def load_app_module(name: str, database_url: str) -> ModuleType:
+    """Import a test app module; it must be bound to the test database.
+
+    The apps build their AppConfig at import time, reading TETHER_DATABASE_URL, which the
+    `database_url` fixture sets: importing one at collection time would bind it to the
+    embedded server instead. Test modules therefore import apps only through this function.
+    """
+    module = importlib.import_module(f"tests.apps.{name}")
+    bound = module.app.config.broker.database_url
+    assert bound == database_url, (
+        f"tests.apps.{name} was imported before the test database existed (bound to {bound!r})"
+    )
+    return module
+
+
+def ensure_ledger(conn: psycopg.Connection[Any]) -> None:
+    """Create the ledger up front: concurrent CREATE TABLE IF NOT EXISTS in tasks can race."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS tether_test_ledger (token text, pid int, at timestamptz DEFAULT now())"
+    )
+
+
+def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+
+
+def task_row(conn: psycopg.Connection[Any], task_id: Any) -> dict[str, Any]:
+    row = conn.execute("SELECT * FROM tether_tasks WHERE id = %s", (task_id,)).fetchone()
+    assert row is not None, f"no row for task {task_id}"
+    return dict(row)
+
+
+def attempt_rows(conn: psycopg.Connection[Any], task_id: Any) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT * FROM tether_task_attempts WHERE task_id = %s ORDER BY attempt", (task_id,)
+    ).fetchall()
+    return [dict(r) for r in rows]
+
+
+def runs(conn: psycopg.Connection[Any], token: str) -> int:
+    """How many times a task carrying ``token`` ran (rows in the ledger)."""
+    row = conn.execute("SELECT count(*) AS n FROM tether_test_ledger WHERE token = %s", (token,)).fetchone()
+    assert row is not None
+    return int(row["n"] if isinstance(row, dict) else row[0])
+
+
+def count_tasks(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) AS n FROM tether_tasks").fetchone()
+    assert row is not None
+    return int(row["n"] if isinstance(row, dict) else row[0])
+
+
+def db_now(conn: psycopg.Connection[Any]) -> Any:
+    row = conn.execute("SELECT now() AS now").fetchone()
+    assert row is not None
+    return row["now"] if isinstance(row, dict) else row[0]
