@@ -13,6 +13,8 @@ import asyncio
 import logging
 import os
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -86,6 +88,8 @@ class PostgresBroker:
                         min_size=self.config.pool_min_size,
                         max_size=self.config.pool_max_size,
                         kwargs=self._pool_kwargs(),
+                        check=_check_if_idle,
+                        reset=_mark_returned,
                         timeout=self.config.connect_timeout_s,
                         name="tether",
                         open=True,
@@ -153,6 +157,22 @@ class PostgresBroker:
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.close()
         self._pool = None
+
+
+# A connection that sat in the pool may have died with the server (restart,
+# pg_terminate_backend, a failover). Checking costs a round trip, so only
+# connections idle for a while are checked; busy ones were proven alive just now.
+CHECK_IF_IDLE_S = 1.0
+_returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
+
+
+def _mark_returned(conn: psycopg.Connection[Any]) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
+    if time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IF_IDLE_S:
+        ConnectionPool.check_connection(conn)
 
 
 def _positive(name: str, value: float) -> None:

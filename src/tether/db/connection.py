@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from tether.config import PostgresConfig, mask_url
+from tether.config import PostgresConfig, RecoveryConfig, mask_url
 from tether.errors import DatabaseUnreachableError
 
 log = logging.getLogger("tether.db")
@@ -33,6 +33,18 @@ TCP_SETTINGS: dict[str, Any] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 30_000,
 }
+
+
+def worker_session_options(recovery: RecoveryConfig) -> dict[str, Any]:
+    """Server-side limits for a worker's own connections.
+
+    A worker frozen in the middle of a transaction (SIGSTOP, a stuck host) would
+    keep its locks: the reaper's advisory lock, or the rows of the tasks it was
+    recording, which every other reaper then skips. The server ends such a
+    session well before any stale threshold, so recovery elsewhere goes on.
+    """
+    idle_ms = max(500, min(recovery.claimed_stale_threshold_ms, recovery.running_stale_threshold_ms) // 2)
+    return {**TCP_SETTINGS, "options": f"-c idle_in_transaction_session_timeout={idle_ms}"}
 
 
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:

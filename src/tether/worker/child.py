@@ -18,6 +18,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tether.db.connection import worker_session_options
 from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
@@ -30,25 +31,52 @@ log = logging.getLogger("tether.worker.child")
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL us when the parent dies; a watchdog thread where it cannot."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-                # The parent may have died before prctl took effect.
-                if os.getppid() != parent_pid:
-                    os._exit(1)
-                return
-        except OSError as exc:
-            log.warning("prctl(PR_SET_PDEATHSIG) unavailable (%s); using a watchdog thread", exc)
+class ParentGuard:
+    """Children die with their parent, except while recording an outcome.
 
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
+    While the task's code runs, the kernel SIGKILLs us the moment the parent dies
+    (PR_SET_PDEATHSIG; a watchdog thread where that is unavailable): unsupervised
+    code must not go on, its task will be recovered as crashed. Once the code has
+    finished, the outcome is worth more than the supervisor: the guard is lifted
+    while the child exchanges with the parent and records, then restored; if the
+    parent died meanwhile, the child exits right after recording (rule 4).
+    """
 
-    threading.Thread(target=watch, name="tether-parent-watchdog", daemon=True).start()
+    def __init__(self, parent_pid: int) -> None:
+        self.parent_pid = parent_pid
+        self.recording = False
+        self._libc: ctypes.CDLL | None = None
+        if sys.platform.startswith("linux"):
+            try:
+                self._libc = ctypes.CDLL(None, use_errno=True)
+            except OSError as exc:
+                log.warning("prctl unavailable (%s); watching the parent from a thread", exc)
+        if self._libc is None:
+            threading.Thread(target=self._watch, name="tether-parent-watchdog", daemon=True).start()
+        self.arm()
+
+    def _deathsig(self, sig: int) -> None:
+        if self._libc is not None and self._libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+
+    def _watch(self) -> None:
+        while True:
+            if not self.parent_alive() and not self.recording:
+                os._exit(1)
+            time.sleep(0.2)
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def arm(self) -> None:
+        self.recording = False
+        self._deathsig(signal.SIGKILL)
+        if not self.parent_alive():  # it died before (or while) the guard went up
+            os._exit(1)
+
+    def disarm(self) -> None:
+        self.recording = True
+        self._deathsig(0)
 
 
 def stamp_heartbeats(stamps: Any, index: int, interval_s: float) -> None:
@@ -77,7 +105,7 @@ def child_main(
     stamps: Any,
     index: int,
 ) -> None:
-    die_with_parent(parent_pid)
+    guard = ParentGuard(parent_pid)
     # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
     # process of the worker: shutdown (and the grace period) is the main process's call.
     # The child still dies with its parent (PR_SET_PDEATHSIG) and to the parent's SIGKILL.
@@ -89,14 +117,19 @@ def child_main(
     app = load_app(app_path)
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     executor = Executor(app)
-    recorder = Recorder(url, worker_id, connect_timeout=max(1, round(app.config.broker.connect_timeout_s)))
+    recorder = Recorder(
+        url,
+        worker_id,
+        connect_timeout=max(1, round(app.config.broker.connect_timeout_s)),
+        session=worker_session_options(app.config.recovery),
+    )
     try:
-        _serve(conn, executor, recorder)
+        _serve(conn, executor, recorder, guard)
     finally:
         recorder.close()
 
 
-def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
+def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: ParentGuard) -> None:
     protocol.send(conn, protocol.READY)
     current: TaskPayload | None = None
     while True:
@@ -119,12 +152,16 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
             outcome = internal_failure(current, exc)
         finally:
             set_reporter(None)
-        # Ask for the next task before recording, so the outcome of this one and the
-        # start of the next share one transaction (one commit per task, not two).
-        protocol.send(conn, protocol.NEXT, id=current.id)
-        reply = protocol.recv(conn)
+        guard.disarm()
+        reply = _ask_next(conn, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
         recorded, next_started = recorder.record(current, outcome, next_task)
+        if not guard.parent_alive():
+            log.warning("task %s: outcome recorded after the worker's main process died; exiting", current.id)
+            if next_task is not None and next_started:
+                recorder.unstart(next_task)  # started in that same commit, none of its code ran
+            return
+        guard.arm()
         protocol.send(
             conn,
             protocol.DONE,
@@ -136,3 +173,17 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder) -> None:
         if reply["op"] == protocol.STOP:
             return
         current = next_task if next_started else None
+
+
+def _ask_next(conn: Connection, finished: TaskPayload) -> dict[str, Any]:
+    """Ask for the next task before recording, so the outcome of this one and the start
+    of the next share one transaction (one commit per task, not two). A parent gone
+    in the meantime answers nothing: then record alone and stop."""
+    try:
+        protocol.send(conn, protocol.NEXT, id=finished.id)
+        return protocol.recv(conn)
+    except (EOFError, OSError) as exc:
+        log.warning(
+            "task %s: lost the worker's main process (%s); recording the outcome alone", finished.id, exc
+        )
+        return {"op": protocol.STOP}

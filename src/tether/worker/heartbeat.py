@@ -14,6 +14,7 @@ the reaper elsewhere will treat this worker as dead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -22,6 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import psycopg
+from psycopg.rows import dict_row
+
+from tether.broker.queries import q
+from tether.config import AppConfig
 
 if TYPE_CHECKING:
     from tether.worker.main import Worker
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.worker.heartbeat")
 
 SNAPSHOT_EVERY = 10  # beats between two tether_worker_states rows
+RETRY_AFTER_FAILURE_S = 0.2
 
 
 @dataclass
@@ -110,10 +116,52 @@ def resources(worker: Worker) -> tuple[int | None, float | None]:
         return None, None
 
 
-async def heartbeat_loop(worker: Worker) -> None:
+class HeartbeatWriter:
+    """Writes the beat on a connection of its own.
+
+    Not through the worker's pool: a pool that lost its connections (database
+    restart, pg_terminate_backend) hands out new ones only after seconds of
+    backoff, and a heartbeat must get through at once or the worker fences itself.
+    """
+
+    def __init__(self, url: str, config: AppConfig, session: dict[str, Any]) -> None:
+        self.url = url
+        self.session = session
+        self.connect_timeout = max(2, round(config.broker.connect_timeout_s))
+        self.last_ok = time.monotonic()
+        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+
+    async def write(self, params: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        try:
+            return await asyncio.wait_for(self._write(params), timeout)
+        except (psycopg.Error, OSError, TimeoutError):
+            await self.close()  # a fresh connection for the next try
+            raise
+
+    async def _write(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=self.connect_timeout,
+                application_name="tether-heartbeat",
+                **self.session,
+            )
+        cur = await self._conn.execute(q("write_heartbeats"), params)
+        row = await cur.fetchone()
+        self.last_ok = time.monotonic()
+        return row
+
+    async def close(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await self._conn.close()
+        self._conn = None
+
+
+async def heartbeat_loop(worker: Worker, writer: HeartbeatWriter) -> None:
     every = interval_s(worker)
-    fence_after = worker.app.config.recovery.running_stale_threshold_ms / 1000
-    last_ok = time.monotonic()
     beats = 0
     while True:
         kill_hung_children(worker)
@@ -134,16 +182,34 @@ async def heartbeat_loop(worker: Worker) -> None:
             "cpu_percent": cpu,
         }
         try:
-            row = await worker.fetchone("write_heartbeats", params)
-            last_ok = time.monotonic()
-            beats += 1
-            if worker.fenced:
-                worker.unfence()
-            if row and row["lost"]:
-                worker.on_lost(set(row["lost"]))
-        except (psycopg.Error, OSError) as exc:
-            silent = time.monotonic() - last_ok
-            log.warning("heartbeat failed (%s); no heartbeat written for %.1fs", exc, silent)
-            if silent > fence_after and not worker.fenced:
-                worker.fence(silent)
+            row = await writer.write(params, timeout=every)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            silent = time.monotonic() - writer.last_ok
+            log.warning("heartbeat failed (%s); none written for %.1fs", exc or type(exc).__name__, silent)
+            await asyncio.sleep(min(every, RETRY_AFTER_FAILURE_S))  # try again soon, not a beat later
+            continue
+        beats += 1
+        if worker.fenced:
+            worker.unfence()
+        if row and row["lost"]:
+            worker.on_lost(set(row["lost"]))
         await asyncio.sleep(every)
+
+
+async def fence_watch(worker: Worker, writer: HeartbeatWriter) -> None:
+    """Fence the worker off before any reaper may declare it dead.
+
+    A reaper elsewhere may act once the last heartbeat is older than the running
+    stale threshold. Waiting for a failed write to notice would be too late (a
+    write can hang for seconds), so this clock runs on its own and fences a
+    margin before that moment: then no task's code runs here and on a
+    crash-retrying worker at the same time.
+    """
+    rc = worker.app.config.recovery
+    every = interval_s(worker)
+    fence_after = rc.running_stale_threshold_ms / 1000 - max(0.1, every / 4)
+    while True:
+        await asyncio.sleep(min(0.1, every / 10))
+        silent = time.monotonic() - writer.last_ok
+        if silent > fence_after and not worker.fenced:
+            worker.fence(silent)

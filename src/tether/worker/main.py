@@ -17,10 +17,10 @@ from tether import __version__, outcomes
 from tether.app import Tether
 from tether.broker.queries import q
 from tether.config import WorkerConfig
-from tether.db.connection import TCP_SETTINGS
+from tether.db.connection import worker_session_options
 from tether.result import ErrorCode, TaskError
 from tether.worker import protocol
-from tether.worker.heartbeat import heartbeat_loop
+from tether.worker.heartbeat import HeartbeatWriter, fence_watch, heartbeat_loop
 from tether.worker.heartbeat import interval_s as heartbeat_interval_s
 from tether.worker.identity import Identity, current_identity
 from tether.worker.listener import listen_for_work
@@ -64,6 +64,7 @@ class Worker:
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] | None = None
         self.recorder: Recorder | None = None
         self.reaper: Reaper | None = None
+        self.heartbeat: HeartbeatWriter | None = None
         self.fenced = False
         # Names this worker cannot run but another live worker can: not claimed for a while.
         self._skip_names: dict[str, float] = {}
@@ -89,7 +90,7 @@ class Worker:
                 "autocommit": True,
                 "row_factory": dict_row,
                 "application_name": "tether-worker",
-                **TCP_SETTINGS,
+                **worker_session_options(self.app.config.recovery),
             },
             timeout=bcfg.connect_timeout_s,
             name="tether-worker",
@@ -97,8 +98,12 @@ class Worker:
             check=AsyncConnectionPool.check_connection,
         )
         await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
-        self.recorder = Recorder(url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)))
+        session = worker_session_options(self.app.config.recovery)
+        self.recorder = Recorder(
+            url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)), session=session
+        )
         self.reaper = Reaper(url, self.app.config.recovery, heartbeat_interval_s(self))
+        self.heartbeat = HeartbeatWriter(url, self.app.config, session)
         await self._execute(
             "register_worker",
             {
@@ -139,7 +144,8 @@ class Worker:
             asyncio.create_task(
                 listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)
             ),
-            asyncio.create_task(heartbeat_loop(self)),
+            asyncio.create_task(heartbeat_loop(self, self.heartbeat)),
+            asyncio.create_task(fence_watch(self, self.heartbeat)),
             asyncio.create_task(reaper_loop(self.reaper)),
         ]
         try:
@@ -222,6 +228,8 @@ class Worker:
             self.recorder.close()
         if self.reaper is not None:
             self.reaper.close()
+        if self.heartbeat is not None:
+            await self.heartbeat.close()
         log.info("worker %s stopped after %d task(s)", self.worker_id, self.tasks_done)
 
     # -- claiming ----------------------------------------------------------------

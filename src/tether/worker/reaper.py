@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from tether.broker import recovery
 from tether.broker.queries import q
 from tether.config import RecoveryConfig
-from tether.db.connection import TCP_SETTINGS
+from tether.db.connection import worker_session_options
 
 log = logging.getLogger("tether.reaper")
 
@@ -44,7 +44,7 @@ class Reaper:
                 autocommit=True,
                 row_factory=dict_row,
                 application_name="tether-reaper",
-                **TCP_SETTINGS,
+                **worker_session_options(self.config),
             )
         return self._conn
 

@@ -37,7 +37,13 @@ Row = dict[str, Any]
 
 class Recorder:
     def __init__(
-        self, url: str, worker_id: str, *, connect_timeout: int = 5, give_up_after_s: float = 300.0
+        self,
+        url: str,
+        worker_id: str,
+        *,
+        connect_timeout: int = 5,
+        give_up_after_s: float = 300.0,
+        session: dict[str, Any] | None = None,
     ) -> None:
         self.url = url
         self.worker_id = worker_id
@@ -45,6 +51,7 @@ class Recorder:
         self.pid = os.getpid()
         self.connect_timeout = connect_timeout
         self.give_up_after_s = give_up_after_s
+        self.session = session if session is not None else dict(TCP_SETTINGS)
         self._conn: psycopg.Connection[Row] | None = None
         # The main process calls in from worker threads; one statement at a time.
         self._lock = threading.RLock()
@@ -57,7 +64,7 @@ class Recorder:
                 row_factory=dict_row,
                 connect_timeout=self.connect_timeout,
                 application_name="tether-worker",
-                **TCP_SETTINGS,
+                **self.session,
             )
         return self._conn
 
@@ -143,6 +150,14 @@ class Recorder:
         if rows:
             return True
         return retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
+
+    def unstart(self, task: TaskPayload) -> bool:
+        """RUNNING -> PENDING for a task this process started but whose code it never ran."""
+        params = {"id": task.id, "attempt": task.attempt, "worker_id": self.worker_id}
+        rows, _ = self._with_retry(
+            f"giving back task {task.id}", lambda c: c.execute(q("unstart_task"), params).fetchall()
+        )
+        return bool(rows)
 
     def release(self, tasks: list[TaskPayload]) -> int:
         """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""

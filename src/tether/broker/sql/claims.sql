@@ -94,6 +94,19 @@ WITH back AS (
 )
 SELECT (SELECT count(*) FROM back) AS released, (SELECT count(*) FROM woken) AS queues;
 
+-- name: unstart_task
+-- A child started this task in the same commit as its previous outcome, then
+-- found its supervisor dead before running any of its code: give it back.
+WITH back AS (
+    UPDATE tether_tasks
+    SET status = 'PENDING', claimed_at = NULL, started_at = NULL, claimed_by_worker_id = NULL,
+        updated_at = now()
+    WHERE id = %(id)s AND status = 'RUNNING' AND attempt = %(attempt)s
+      AND claimed_by_worker_id = %(worker_id)s
+    RETURNING queue, run_at
+)
+SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM back;
+
 -- name: get_fence
 -- After an ambiguous write (connection lost around COMMIT): who holds the row now?
 SELECT status, attempt, claimed_by_worker_id FROM tether_tasks WHERE id = %(id)s;

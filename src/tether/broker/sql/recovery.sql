@@ -95,8 +95,14 @@ WHERE id = %(id)s AND status = 'active'
 RETURNING id;
 
 -- name: workers_on_host
-SELECT id, pid, process_started_at FROM tether_workers
-WHERE hostname = %(hostname)s AND host_key = %(host_key)s AND status = 'active' AND id <> %(me)s;
+-- Active workers, and inactive ones that still own in-flight tasks (marked
+-- inactive after 3 silent beats, while their tasks turn stale much later).
+SELECT w.id, w.pid, w.process_started_at, w.status FROM tether_workers w
+WHERE w.hostname = %(hostname)s AND w.host_key = %(host_key)s AND w.id <> %(me)s
+  AND (w.status = 'active'
+       OR (w.status = 'inactive' AND EXISTS (
+           SELECT 1 FROM tether_tasks t
+           WHERE t.claimed_by_worker_id = w.id AND t.status IN ('CLAIMED', 'RUNNING'))));
 
 -- name: next_due_in
 -- Seconds until the reaper next has something to do: a claim or a run turning
