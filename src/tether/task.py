@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+import psycopg
+
 from tether import codec
 from tether.config import RetryPolicy
 from tether.errors import (
@@ -243,9 +245,14 @@ class BoundTask:
             return
         from tether.broker.queries import q
 
-        with self.task.app.broker.connection() as conn, conn.transaction():
-            for params in chunks:
-                conn.execute(q("insert_tasks"), params)
+        statement = q("insert_tasks")
+
+        def insert_all(conn: psycopg.Connection[Any]) -> None:
+            with conn.transaction():
+                for params in chunks:
+                    conn.execute(statement, params)
+
+        self.task.app.broker.run(insert_all, idempotent_insert=True)
 
 
 def _check_good_until(value: Any) -> datetime:

@@ -15,9 +15,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -32,6 +32,7 @@ from tether.db.migrate import ensure_schema
 log = logging.getLogger("tether.broker")
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 
 class PostgresBroker:
@@ -108,17 +109,52 @@ class PostgresBroker:
         except psycopg.OperationalError as exc:
             raise unreachable(self.url, exc) from exc
 
+    def run(self, work: Callable[[psycopg.Connection[Row]], T], *, idempotent_insert: bool = False) -> T:
+        """``work`` on a pooled connection; once more on a fresh one if that one turns out dead.
+
+        A pooled connection can die with the server (a restart, a failover,
+        pg_terminate_backend) while it sits in the pool. A statement sent on it
+        either never ran, or ran and committed just before the connection broke;
+        every tether statement is safe to repeat in both cases, and an insert of
+        a client-generated id that meets its own row is taken as done.
+        """
+        lost = False
+        # Every connection in the pool may have died together: each dead one is
+        # discarded on its way back, so at most pool_max_size of them can fail.
+        for _ in range(self.config.pool_max_size + 1):
+            try:
+                with self.pool.connection() as conn:
+                    try:
+                        return work(conn)
+                    except psycopg.errors.UniqueViolation:
+                        if idempotent_insert and lost:
+                            log.info("the insert had committed before the connection was lost")
+                            return cast(T, None)
+                        raise
+                    except psycopg.OperationalError as exc:
+                        if not (conn.broken or conn.closed):
+                            raise
+                        lost = True
+                        log.warning("a pooled connection was dead (%s); retrying on another", exc)
+            except PoolTimeout as exc:
+                raise unreachable(self.url, exc) from exc
+            except psycopg.OperationalError as exc:
+                raise unreachable(self.url, exc) from exc
+        raise unreachable(self.url, RuntimeError("every pooled connection was dead"))
+
     def fetchall(self, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        with self.connection() as conn:
-            return conn.execute(q(name), params or {}).fetchall()
+        statement = q(name)
+        return self.run(
+            lambda c: c.execute(statement, params or {}).fetchall(), idempotent_insert=name == "insert_task"
+        )
 
     def fetchone(self, name: str, params: dict[str, Any] | None = None) -> Row | None:
-        with self.connection() as conn:
-            return conn.execute(q(name), params or {}).fetchone()
+        statement = q(name)
+        return self.run(lambda c: c.execute(statement, params or {}).fetchone())
 
     def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
-        with self.connection() as conn:
-            return conn.execute(q(name), params or {}).rowcount
+        statement = q(name)
+        return self.run(lambda c: c.execute(statement, params or {}).rowcount)
 
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.

@@ -1,0 +1,1 @@
+"""tether benchmarks: ``python -m bench`` (see bench/README.md)."""

@@ -1,0 +1,35 @@
+"""The app the benchmarks run: workers load ``bench.apps:app``; producers call ``make_app``.
+
+The worker's copy reads its database from TETHER_DATABASE_URL (set by the
+benchmark for the worker subprocess). Building a Tether opens nothing, so
+importing this module is free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
+
+
+def _register(app: Tether) -> Tether:
+    @app.task("noop")
+    def noop() -> TaskResult[None, TaskError]:
+        return TaskResult(ok=None)
+
+    return app
+
+
+def make_app(database_url: str | None = None, *, pool_max_size: int | None = None) -> Tether:
+    """A producer-side app on ``database_url`` (pool sized by ``pool_max_size`` when given)."""
+    broker: dict[str, Any] = {}
+    # Only explicit values: passing None would override TETHER_* from the environment.
+    if database_url is not None:
+        broker["database_url"] = database_url
+    if pool_max_size is not None:
+        broker["pool_max_size"] = pool_max_size
+    return _register(Tether(AppConfig(broker=PostgresConfig(**broker))))
+
+
+app = make_app()
+noop = app.tasks["noop"]
