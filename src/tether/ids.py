@@ -11,15 +11,24 @@ import time
 import uuid
 
 
-def new_task_id() -> uuid.UUID:
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+def _uuid7(ms: int, rand: int) -> uuid.UUID:
     value = (ms & ((1 << 48) - 1)) << 80
     value |= 0x7 << 76  # version 7
     value |= ((rand >> 62) & 0xFFF) << 64  # 12 random bits
     value |= 0b10 << 62  # RFC 4122 variant
     value |= rand & ((1 << 62) - 1)
     return uuid.UUID(int=value)
+
+
+def new_task_id() -> uuid.UUID:
+    return _uuid7(time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10), "big"))
+
+
+def new_task_ids(n: int) -> list[uuid.UUID]:
+    """``n`` ids from one read of the OS random source (send_many)."""
+    ms = time.time_ns() // 1_000_000
+    pool = os.urandom(10 * n)
+    return [_uuid7(ms, int.from_bytes(pool[i : i + 10], "big")) for i in range(0, 10 * n, 10)]
 
 
 def parse_task_id(value: str | uuid.UUID) -> uuid.UUID:

@@ -26,7 +26,7 @@ from tether.errors import (
     UnknownQueueError,
 )
 from tether.handle import TaskHandle
-from tether.ids import new_task_id
+from tether.ids import new_task_id, new_task_ids
 
 if TYPE_CHECKING:
     from tether.app import Tether
@@ -72,6 +72,9 @@ class Task(Generic[P, R]):
                 f"task {name!r}: parameter {reserved!r} is reserved for send() options; rename it"
             )
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._shapes: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
+        self._what_args = f"arguments of task {name!r}"
+        self._what_kwargs = f"keyword arguments of task {name!r}"
         self._retry_json = json.dumps(retry_policy.to_json()) if retry_policy else None
         self.options = app.check_options(name, SendOptions(queue, priority, None))
 
@@ -119,21 +122,37 @@ class Task(Generic[P, R]):
     # -- encoding -------------------------------------------------------------
 
     def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-        """Bind to the signature and encode; errors name the task and the argument."""
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise BadArgumentsError(
-                f"task {self.name!r}: {exc} (signature: {self.name}{self.signature})"
-            ) from None
+        """Check the call fits the signature, then encode; errors name the task and the argument.
+
+        Whether a call binds, and how bind() splits it into positional and keyword
+        arguments, depends only on its shape (how many positional arguments, which
+        keyword names), never on the values: each shape goes through
+        Signature.bind once. The worker binds again before calling.
+        """
+        shape = (len(args), tuple(kwargs))
+        moved = self._shapes.get(shape)
+        if moved is None:
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise BadArgumentsError(
+                    f"task {self.name!r}: {exc} (signature: {self.name}{self.signature})"
+                ) from None
+            # Keyword arguments that binding turns into positional ones (same for every
+            # call of this shape), so rows store calls exactly as bind() would.
+            moved = tuple(name for name in list(bound.arguments)[len(args) : len(bound.args)])
+            self._shapes[shape] = moved
+        if moved:
+            args = [*args, *(kwargs[name] for name in moved)]
+            kwargs = {k: v for k, v in kwargs.items() if k not in moved}
         try:
             return (
-                codec.dumps(list(bound.args), what=f"arguments of task {self.name!r}"),
-                codec.dumps(bound.kwargs, what=f"keyword arguments of task {self.name!r}"),
+                codec.dumps(list(args), what=self._what_args) if args else "[]",
+                codec.dumps(dict(kwargs), what=self._what_kwargs) if kwargs else "{}",
             )
         except SerializationError:
             # Re-encode one argument at a time so the message names the parameter.
-            for pname, value in bound.arguments.items():
+            for pname, value in self.signature.bind(*args, **kwargs).arguments.items():
                 codec.dumps(value, what=f"argument {pname!r} of task {self.name!r}")
             raise
 
@@ -191,7 +210,6 @@ class BoundTask:
     ) -> tuple[list[dict[str, Any]], list[Any]]:
         good_until = common.pop("good_until", None)
         good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
-        ids: list[Any] = []
         args_list: list[str] = []
         kwargs_list: list[str] = []
         for index, item in enumerate(items):
@@ -208,9 +226,9 @@ class BoundTask:
                 a, k = self.task.encode_arguments(args, kwargs)
             except (BadArgumentsError, SerializationError) as exc:
                 raise type(exc)(f"send_many item {index}: {exc}") from None
-            ids.append(new_task_id())
             args_list.append(a)
             kwargs_list.append(k)
+        ids = new_task_ids(len(args_list))
         base = self._params(None, "", "", timedelta(0), good_until)
         chunks = []
         for start in range(0, len(ids), SEND_MANY_CHUNK):
@@ -218,9 +236,9 @@ class BoundTask:
             chunks.append(
                 {
                     **base,
-                    "ids": ids[start:end],
-                    "args": args_list[start:end],
-                    "kwargs": kwargs_list[start:end],
+                    "ids": ",".join(map(str, ids[start:end])),
+                    "args": "[" + ",".join(args_list[start:end]) + "]",
+                    "kwargs": "[" + ",".join(kwargs_list[start:end]) + "]",
                 }
             )
         return chunks, ids

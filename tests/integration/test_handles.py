@@ -203,7 +203,7 @@ def test_send_many_is_one_transaction_across_statements(
     existing = basic.add.with_options(queue="low").send(0, 0)
     ids = iter([uuid.uuid4() for _ in range(4)] + [existing.id])
     monkeypatch.setattr(tether.task, "SEND_MANY_CHUNK", 2)
-    monkeypatch.setattr(tether.task, "new_task_id", lambda: next(ids))
+    monkeypatch.setattr(tether.task, "new_task_ids", lambda n: [next(ids) for _ in range(n)])
     with pytest.raises(psycopg.errors.UniqueViolation):
         basic.add.with_options(queue="low").send_many([(i, i) for i in range(5)])
     assert count_tasks(db) == 1

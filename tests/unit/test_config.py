@@ -245,7 +245,7 @@ def test_worker_defaults() -> None:
     assert config.processes == min(os.cpu_count() or 1, 256)
     assert (config.queues, config.prefetch, config.poll_interval_ms) == (None, None, 1_000)
     assert (config.grace_period_s, config.claim_batch_size) == (30.0, 100)
-    assert config.effective_prefetch == config.processes
+    assert config.effective_prefetch == 4 * config.processes
 
 
 @pytest.mark.parametrize(("field", "bad", "good"), [
@@ -261,7 +261,7 @@ def test_worker_bounds(field: str, bad: Any, good: Any) -> None:
 
 
 def test_effective_prefetch() -> None:
-    assert WorkerConfig(processes=4).effective_prefetch == 4
+    assert WorkerConfig(processes=4).effective_prefetch == 16
     assert WorkerConfig(processes=4, prefetch=0).effective_prefetch == 0
     assert WorkerConfig(processes=4, prefetch=9).effective_prefetch == 9
 
@@ -279,7 +279,7 @@ def test_worker_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     config = WorkerConfig()
     assert config.queues == ["default", "images"]
     assert (config.processes, config.prefetch, config.grace_period_s) == (3, None, 2.5)
-    assert config.effective_prefetch == 3
+    assert config.effective_prefetch == 12
     monkeypatch.setenv("TETHER_WORKER_QUEUES", '["a", "b"]')
     assert WorkerConfig().queues == ["a", "b"]
     monkeypatch.setenv("TETHER_WORKER_QUEUES", "")

@@ -180,6 +180,8 @@ def _ask_next(conn: Connection, finished: TaskPayload) -> dict[str, Any]:
     of the next share one transaction (one commit per task, not two). A parent gone
     in the meantime answers nothing: then record alone and stop."""
     try:
+        if conn.poll():  # the main process pushed the next task while this one ran
+            return protocol.recv(conn)
         protocol.send(conn, protocol.NEXT, id=finished.id)
         return protocol.recv(conn)
     except (EOFError, OSError) as exc:

@@ -238,7 +238,11 @@ class Worker:
         backoff = 0.1
         while not self.stopping:
             free = self.capacity - len(self.inflight)
-            if free > 0 and self._maybe_more and not self.fenced:
+            # While tasks are in flight, wait until half the capacity is free and claim
+            # it in one statement (one commit per batch, not per task); an idle worker
+            # claims at once, whatever it can.
+            enough = 1 if not self.inflight else max(1, self.capacity // 2)
+            if free >= enough and self._maybe_more and not self.fenced:
                 limit = min(free, self.config.claim_batch_size)
                 try:
                     rows = await self._fetch(
@@ -347,6 +351,19 @@ class Worker:
                 if not self.supervisor.send(slot, protocol.RUN, task=task):
                     slot.current = None
                     self.buffer.appendleft(task)
+        # Every child is busy and work is waiting: hand each busy child its next task
+        # now, so it need not ask for it (one pipe round trip less per task). It waits
+        # behind the child's current task: that is what prefetch means (--prefetch 0
+        # for long or uneven tasks).
+        for slot in self.supervisor.alive():
+            if not self.buffer or self.stopping:
+                return
+            if slot.ready and slot.current is not None and slot.next is None:
+                task = self.buffer.popleft()
+                slot.next = task
+                if not self.supervisor.send(slot, protocol.RUN, task=task):
+                    slot.next = None
+                    self.buffer.appendleft(task)
 
     def _on_work(self, due_in: float | None) -> None:
         if due_in is None or due_in <= 0.005:
@@ -386,7 +403,9 @@ class Worker:
             else:
                 slot.running = True
         elif op == protocol.NEXT:
-            if self.stopping:
+            if slot.next is not None:
+                pass  # the RUN pushed to this child already answers its question
+            elif self.stopping:
                 self.supervisor.send(slot, protocol.STOP)
             elif self.buffer:
                 slot.next = self.buffer.popleft()
@@ -405,6 +424,10 @@ class Worker:
                     slot.current = slot.next
                     slot.running = True
                 slot.next = None
+            elif slot.next is not None:
+                # Pushed after the child had already finished and asked nothing: it reads
+                # that RUN as a fresh task and will report STARTED for it.
+                slot.current, slot.next = slot.next, None
             if self.stopping and slot.current is None:
                 self.supervisor.send(slot, protocol.STOP)
         self._dispatch()

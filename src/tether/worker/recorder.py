@@ -127,10 +127,11 @@ class Recorder:
             if next_task is None:
                 return bool(c.execute(q(name), params).fetchall()), None
             start = {"id": next_task.id, "attempt": next_task.attempt, "worker_id": self.worker_id}
-            with c.transaction():
-                recorded = bool(c.execute(q(name), params).fetchall())
-                started = bool(c.execute(q("start_task"), start).fetchall())
-            return recorded, started
+            # Pipeline mode: BEGIN, both statements and COMMIT travel in one round trip.
+            with c.pipeline(), c.transaction():
+                record_cur = c.execute(q(name), params)
+                start_cur = c.execute(q("start_task"), start)
+            return bool(record_cur.fetchall()), bool(start_cur.fetchall())
 
         (recorded, started), retried = self._with_retry(f"recording task {task.id}", work)
         if not recorded:
