@@ -125,7 +125,8 @@ def test_a_task_that_exits_its_child_is_a_crash(db: Any, chaos: ModuleType, work
     assert row["failed_at"] - sent_at < timedelta(seconds=10)
     (attempt,) = check_history(db, crash.id)[1]
     assert attempt["outcome"] == "FAILED" and attempt["error_code"] == "WORKER_CRASHED"
-    assert "exited with code 13 holding 1 task(s)" in worker.log(), worker.log()
+    # The child may also hold its next task (pushed ahead): never started, so released.
+    assert "exited with code 13 holding" in worker.log(), worker.log()
 
     row = wait_status(db, once.id, {"FAILED", "COMPLETED"}, timeout=30)
     assert row["status"] == "COMPLETED" and row["result"] == {"ok": 2}, row

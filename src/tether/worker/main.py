@@ -355,10 +355,13 @@ class Worker:
         # now, so it need not ask for it (one pipe round trip less per task). It waits
         # behind the child's current task: that is what prefetch means (--prefetch 0
         # for long or uneven tasks).
-        for slot in self.supervisor.alive():
+        children = self.supervisor.alive()
+        if len(children) < self.config.processes or any(not s.ready or s.current is None for s in children):
+            return  # a child is starting, restarting or free: it will take the work itself
+        for slot in children:
             if not self.buffer or self.stopping:
                 return
-            if slot.ready and slot.current is not None and slot.next is None:
+            if slot.next is None:
                 task = self.buffer.popleft()
                 slot.next = task
                 if not self.supervisor.send(slot, protocol.RUN, task=task):

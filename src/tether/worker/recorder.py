@@ -197,6 +197,9 @@ class Recorder:
             and row["attempt"] == task.attempt
             and row["status"] == settled
             and row["claimed_by_worker_id"] in (self.worker_id, None)
+            # An outcome is ours only if this process wrote its attempt row (a reaper
+            # that recorded the same status leaves pid NULL); a start has no such row.
+            and (settled == "RUNNING" or row["recorded_by_pid"] == self.pid)
         ):
             log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
             return True

@@ -108,5 +108,9 @@ WITH back AS (
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM back;
 
 -- name: get_fence
--- After an ambiguous write (connection lost around COMMIT): who holds the row now?
-SELECT status, attempt, claimed_by_worker_id FROM tether_tasks WHERE id = %(id)s;
+-- After an ambiguous write (connection lost around COMMIT): who holds the row now,
+-- and which process wrote the outcome of its current attempt (NULL: a reaper).
+SELECT t.status, t.attempt, t.claimed_by_worker_id, a.pid AS recorded_by_pid
+FROM tether_tasks t
+LEFT JOIN tether_task_attempts a ON a.task_id = t.id AND a.attempt = t.attempt
+WHERE t.id = %(id)s;
