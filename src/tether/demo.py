@@ -105,9 +105,7 @@ def _batch(console: Console, count: int, worker: subprocess.Popen[bytes]) -> boo
     }
     sample = handles[0].get(timeout=5)
     console.print(f"   first result: {sample.ok if sample.is_ok else sample.err}")
-    console.print(
-        f"   {done} of {count} completed in {elapsed:.2f}s ({done / elapsed:.0f} tasks/s): {counts}"
-    )
+    console.print(f"   {done} of {count} finished in {elapsed:.2f}s (workers still warming up): {counts}")
     return counts.get("COMPLETED", 0) == count
 
 
