@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import psutil
 import pytest
 from psycopg import sql
 
@@ -113,13 +114,21 @@ def test_a_worker_cut_off_from_the_database_fences_itself(
     fenced_at: list[datetime] = []
 
     def a_children_gone() -> bool:
-        if not (a_children & child_pids(a)):
+        """A's children no longer run code: frozen by the fence (SIGSTOP) or gone."""
+        running = set()
+        for pid in a_children & child_pids(a):
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+                    running.add(pid)
+            except psutil.NoSuchProcess:
+                continue
+        if not running:
             fenced_at.append(db_now(db))
             return True
         return False
 
     try:
-        wait_until(a_children_gone, timeout=20, message="A to kill its children (self-fencing)")
+        wait_until(a_children_gone, timeout=20, message="A to freeze its children (self-fencing)")
     except AssertionError:
         raise AssertionError(f"A's log:\n{a.log()}") from None
     assert "fencing itself off" in a.log(), a.log()

@@ -73,7 +73,9 @@ def collect(worker: Worker) -> Beat:
         if slot.current is not None:
             if not slot.running:
                 beat.add(slot.current.id, "claimer", main_pid)
-            elif worker.supervisor.stamp_age(slot) <= fresh_within and slot.pid is not None:
+            elif slot.pid is not None and (slot.frozen or worker.supervisor.stamp_age(slot) <= fresh_within):
+                # A frozen child's task is reported too: the answer ('lost' or not)
+                # decides whether it is resumed or killed, right after this beat.
                 beat.add(slot.current.id, "runner", slot.pid)
         if slot.next is not None:
             beat.add(slot.next.id, "claimer", main_pid)
@@ -85,7 +87,7 @@ def kill_hung_children(worker: Worker) -> None:
     assert worker.supervisor is not None
     limit = worker.app.config.recovery.running_stale_threshold_ms / 1000
     for slot in worker.supervisor.alive():
-        if slot.running and slot.current is not None and slot.process.is_alive():
+        if slot.running and not slot.frozen and slot.current is not None and slot.process.is_alive():
             age = worker.supervisor.stamp_age(slot)
             if age > limit:
                 log.error(
@@ -189,10 +191,11 @@ async def heartbeat_loop(worker: Worker, writer: HeartbeatWriter) -> None:
             await asyncio.sleep(min(every, RETRY_AFTER_FAILURE_S))  # try again soon, not a beat later
             continue
         beats += 1
+        lost = set(row["lost"]) if row and row["lost"] else set()
         if worker.fenced:
-            worker.unfence()
-        if row and row["lost"]:
-            worker.on_lost(set(row["lost"]))
+            worker.unfence(lost)
+        if lost:
+            worker.on_lost(lost)
         await asyncio.sleep(every)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -294,35 +296,63 @@ class Worker:
     # -- fencing ------------------------------------------------------------------------
 
     def fence(self, silent_s: float) -> None:
-        """No heartbeat reached the database for longer than the running threshold.
+        """No heartbeat reached the database for nearly the running stale threshold.
 
-        The reaper elsewhere is about to declare this worker dead and recover its
-        tasks, so their code must not go on here: kill the children, drop what is
-        claimed but not started, claim nothing until a heartbeat gets through.
+        A reaper elsewhere may soon declare this worker dead and recover its tasks,
+        so their code must not go on here: the children holding tasks are frozen
+        (SIGSTOP), what is claimed but not started is dropped, nothing is claimed.
+        Frozen, not killed: when the database answers again, tasks still ours
+        resume and only those recovered elsewhere are killed (see unfence), so a
+        database restart or a network blip does not turn running tasks into crashes.
         """
         self.fenced = True
+        frozen = 0
+        if self.supervisor is not None:
+            for slot in self.supervisor.alive():
+                if (slot.current is not None or slot.next is not None) and slot.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(slot.pid, signal.SIGSTOP)
+                        slot.frozen = True
+                        frozen += 1
         log.error(
             "worker %s could not write a heartbeat for %.1fs (running stale threshold %.1fs): "
-            "fencing itself off: killing %d child(ren), dropping %d claimed task(s), claiming nothing",
+            "fencing itself off: %d child(ren) frozen, %d claimed task(s) dropped, claiming nothing",
             self.worker_id,
             silent_s,
             self.app.config.recovery.running_stale_threshold_ms / 1000,
-            len(self.supervisor.alive()) if self.supervisor else 0,
+            frozen,
             len(self.buffer),
         )
         for task in self.buffer:
             self.inflight.pop(task.id, None)
         self.buffer.clear()
+
+    def unfence(self, lost: set[str]) -> None:
+        """A heartbeat got through: resume the frozen children whose tasks are still ours."""
+        self.fenced = False
+        resumed = killed = 0
         if self.supervisor is not None:
             for slot in self.supervisor.alive():
-                if slot.current is not None or slot.next is not None:
-                    slot.process.kill()
-
-    def unfence(self) -> None:
-        self.fenced = False
+                if not slot.frozen:
+                    continue
+                slot.frozen = False
+                if any(t.id in lost for t in slot.held()):
+                    slot.process.kill()  # its task was recovered elsewhere: never resume that code
+                    killed += 1
+                else:
+                    self.supervisor.stamps[slot.index] = time.monotonic()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(slot.process.pid or 0, signal.SIGCONT)
+                    resumed += 1
         self._maybe_more = True
         self._wake.set()
-        log.warning("worker %s: heartbeats get through again; claiming resumes", self.worker_id)
+        log.warning(
+            "worker %s: heartbeats get through again; %d child(ren) resumed, %d killed "
+            "(their tasks were recovered elsewhere); claiming resumes",
+            self.worker_id,
+            resumed,
+            killed,
+        )
 
     def on_lost(self, lost: set[str]) -> None:
         """Tasks this worker holds that the database says are no longer its own."""

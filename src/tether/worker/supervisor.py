@@ -36,6 +36,7 @@ class ChildSlot:
     conn: Connection
     ready: bool = False
     running: bool = False  # current is RUNNING (the child said STARTED)
+    frozen: bool = False  # SIGSTOPped by the worker's self-fencing
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
     next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
     extra: dict[str, Any] = field(default_factory=dict)
