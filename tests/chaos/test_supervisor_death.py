@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -98,6 +99,12 @@ def test_a_supervisor_dying_after_the_work_finished_does_not_turn_success_into_a
     finished_at = db.execute(
         "SELECT at FROM tether_chaos_ledger WHERE token = %s", (tok + ":done",)
     ).fetchone()["at"]
+    # The marker is the code's last side effect, not its end: the function still has to
+    # return before the child lifts its die-with-parent guard (until then a supervisor's
+    # death rightly kills it). It then blocks asking the frozen supervisor for its next
+    # task, and stays blocked for as long as the supervisor is frozen; that state cannot
+    # be seen from outside, so give it a second, far more than it needs.
+    time.sleep(1.0)
     killed_at = db_now(db)
     os.kill(a.pid, signal.SIGKILL)
     a.proc.wait(timeout=10)
