@@ -1,5 +1,8 @@
 """The app the benchmarks run: workers load ``bench.apps:app``; producers call ``make_app``.
 
+Two tasks: ``noop`` (returns at once) and ``hold(seconds)`` (sleeps: the long task the
+recovery scenarios kill; no retry policy, so a crash FAILS it with WORKER_CRASHED).
+
 The worker's copy reads its database from TETHER_DATABASE_URL (set by the
 benchmark for the worker subprocess). Building a Tether opens nothing, so
 importing this module is free.
@@ -7,6 +10,7 @@ importing this module is free.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
@@ -15,6 +19,11 @@ from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
 def _register(app: Tether) -> Tether:
     @app.task("noop")
     def noop() -> TaskResult[None, TaskError]:
+        return TaskResult(ok=None)
+
+    @app.task("hold")
+    def hold(seconds: float) -> TaskResult[None, TaskError]:
+        time.sleep(seconds)
         return TaskResult(ok=None)
 
     return app
@@ -33,3 +42,4 @@ def make_app(database_url: str | None = None, *, pool_max_size: int | None = Non
 
 app = make_app()
 noop = app.tasks["noop"]
+hold = app.tasks["hold"]

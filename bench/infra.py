@@ -23,6 +23,15 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Emptied between scenarios (those that exist in the installed schema version).
 TASK_TABLES = ("tether_task_attempts", "tether_tasks", "tether_heartbeats", "tether_worker_states")
+# Recovery timing settings a worker reads from its environment. Removed from what a worker
+# inherits, so every worker runs with tether's defaults unless a scenario sets them.
+RECOVERY_ENV = (
+    "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS",
+    "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS",
+    "TETHER_CLAIMED_STALE_THRESHOLD_MS",
+    "TETHER_RUNNING_STALE_THRESHOLD_MS",
+    "TETHER_CHECK_INTERVAL_MS",
+)
 
 
 def with_database(url: str, dbname: str) -> str:
@@ -93,6 +102,10 @@ class WorkerProcess:
     log_path: Path
     processes: int = 2
     extra_args: tuple[str, ...] = ()  # more `tether worker` options (for experiments)
+    env: dict[str, str] = field(default_factory=dict)  # more environment (TETHER_* settings)
+    # stop() waits until every tether connection to the bench database is gone. False:
+    # only this worker's own (other workers of the scenario keep running).
+    exclusive: bool = True
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0  # time.perf_counter() just before Popen
     stopped: bool = False
@@ -104,7 +117,8 @@ class WorkerProcess:
         return self.proc.pid
 
     def start(self) -> WorkerProcess:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in RECOVERY_ENV}
+        env.update(self.env)
         env["TETHER_DATABASE_URL"] = self.db.url
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         cmd = [
@@ -193,10 +207,75 @@ class WorkerProcess:
 
         wait_for(f"worker pid {self.pid} to be ready", ready, timeout, interval=0.05)
 
+    def registration(self) -> tuple[str, Any]:
+        """(worker id, tether_workers.started_at) of this process's registry row."""
+        rows = self.db.query(
+            "SELECT id, started_at FROM tether_workers WHERE pid = %s ORDER BY started_at DESC LIMIT 1",
+            (self.pid,),
+        )
+        if not rows:
+            raise RuntimeError(f"worker pid {self.pid} is not registered")
+        return rows[0][0], rows[0][1]
+
+    def client_ports(self) -> set[int]:
+        """Local TCP ports of the tree's open connections (pg_stat_activity.client_port)."""
+        ports: set[int] = set()
+        with contextlib.suppress(psutil.Error):
+            for p in self.tree():
+                with contextlib.suppress(psutil.Error):
+                    ports.update(c.laddr.port for c in p.net_connections(kind="tcp") if c.raddr)
+        return ports
+
+    def kill_group(self, ports: set[int] | None = None) -> None:
+        """SIGKILL to the whole process group at once (main process, children, helpers): a crash.
+
+        Waits until the main process is reaped (its pid no longer exists, as a restarted
+        worker's reconciliation checks) and the tree's database sessions have ended.
+        ``ports``: ``client_ports()`` read beforehand, so the signal itself is not delayed.
+        """
+        if self.proc is None or self.stopped:
+            return
+        if ports is None:
+            ports = self.client_ports()
+        self.stopped = True
+        try:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+        self._wait_sessions_gone(ports)
+
+    def _wait_sessions_gone(self, ports: set[int] | None) -> None:
+        """All tether sessions on the bench database gone (ports None), or just these."""
+        if ports is None:
+            statement, params = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'tether%%'",
+                None,
+            )
+        elif ports:
+            statement, params = (
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND client_port = ANY(%s)",
+                (sorted(ports),),
+            )
+        else:
+            return
+        with contextlib.suppress(TimeoutError, psycopg.Error):
+            wait_for(
+                "the stopped worker's connections to close",
+                lambda: self.db.query(statement, params)[0][0] == 0,
+                10.0,
+            )
+
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (graceful), then SIGKILL to its process group; wait until its connections are gone."""
         if self.proc is None or self.stopped:
             return  # never signal a pid (or group) again once ours is gone: it may be reused
+        ports = None if self.exclusive else self.client_ports()
         self.stopped = True
         try:
             if self.proc.poll() is None:
@@ -211,18 +290,7 @@ class WorkerProcess:
             if self._log is not None:
                 self._log.close()
                 self._log = None
-        with contextlib.suppress(TimeoutError, psycopg.Error):
-            wait_for(
-                "the stopped worker's connections to close",
-                lambda: (
-                    self.db.query(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND application_name LIKE 'tether%%'"
-                    )[0][0]
-                    == 0
-                ),
-                10.0,
-            )
+        self._wait_sessions_gone(ports)
 
     def log_tail(self, lines: int = 30) -> str:
         try:

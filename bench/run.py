@@ -31,9 +31,11 @@ if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
 
 from bench.apps import make_app
 from bench.infra import DEFAULT_SERVER_URL, REPO, BenchDatabase
-from bench.scenarios import SCENARIOS, Context, Outcome, Row
+from bench.recovery import RECOVERY_SCENARIOS
+from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
 
 BUSY_WARNING = 15.0
+SCENARIOS = {**CORE_SCENARIOS, **RECOVERY_SCENARIOS}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

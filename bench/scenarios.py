@@ -67,9 +67,23 @@ class Context:
     log_dir: Path
     workers: list[WorkerProcess] = field(default_factory=list)  # all ever started: killed at exit
 
-    def start_worker(self, processes: int = 2) -> WorkerProcess:
+    def start_worker(
+        self,
+        processes: int = 2,
+        *,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        exclusive: bool = True,
+    ) -> WorkerProcess:
         path = self.log_dir / f"worker-{len(self.workers) + 1}.log"
-        worker = WorkerProcess(self.db, path, processes=processes)
+        worker = WorkerProcess(
+            self.db,
+            path,
+            processes=processes,
+            extra_args=extra_args,
+            env=dict(env or {}),
+            exclusive=exclusive,
+        )
         self.workers.append(worker)
         return worker.start()
 
@@ -461,7 +475,7 @@ def _settled_memory(worker: WorkerProcess, timeout: float = 10.0) -> dict[str, A
         last = total
 
 
-SCENARIOS: dict[str, Callable[[Context], Outcome]] = {
+CORE_SCENARIOS: dict[str, Callable[[Context], Outcome]] = {
     "send_single": send_single,
     "send_async_concurrent": send_async_concurrent,
     "commit_ceiling": commit_ceiling,

@@ -240,10 +240,10 @@ class Worker:
         backoff = 0.1
         while not self.stopping:
             free = self.capacity - len(self.inflight)
-            # While tasks are in flight, wait until half the capacity is free and claim
-            # it in one statement (one commit per batch, not per task); an idle worker
-            # claims at once, whatever it can.
-            enough = 1 if not self.inflight else max(1, self.capacity // 2)
+            # While claimed tasks still wait in the buffer, wait until half the capacity
+            # is free and claim it in one statement (one commit per batch, not per task);
+            # with nothing waiting, claim at once whatever fits.
+            enough = 1 if not self.buffer else max(1, self.capacity // 2)
             if free >= enough and self._maybe_more and not self.fenced:
                 limit = min(free, self.config.claim_batch_size)
                 try:

@@ -52,38 +52,43 @@ class Reaper:
         if self._conn is not None:
             self._conn.close()
 
-    def tick(self) -> recovery.Recovered | None:
-        """One pass. None when another worker's reaper holds the lock (it is acting)."""
+    def tick(self) -> tuple[recovery.Recovered | None, float]:
+        """One pass, and how long to sleep after it: one transaction either way.
+
+        The pass is None when another worker's reaper holds the lock (it is acting).
+        Reading the next due moment in the same transaction keeps the reaper at one
+        commit per tick (heartbeat + reaper = 2 commits per interval per worker).
+        """
         conn = self._connection()
-        cfg = self.config
-        done = recovery.Recovered()
         with conn.transaction():
             row = conn.execute(q("reaper_lock")).fetchone()
-            if not row or not row["acquired"]:
-                return None
-            done.expired = recovery.expire_pending(conn)
-            if done.expired:
-                log.info("expired %d task(s) past good_until (TASK_EXPIRED)", done.expired)
-            if cfg.auto_requeue_stale_claimed:
-                done.requeued = recovery.requeue_stale_claimed(conn, cfg.claimed_stale_threshold_ms)
-            if cfg.auto_fail_stale_running:
-                done.retried, done.failed = recovery.recover_stale_running(
-                    conn, cfg.running_stale_threshold_ms
-                )
-            try:
-                with conn.transaction():
-                    done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
-            except psycopg.Error as exc:
-                log.error("could not check workers for stale heartbeats: %s", exc)
-            if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
-                self._last_prune = time.monotonic()
-                recovery.prune(conn, cfg)
+            done = self._act(conn) if row and row["acquired"] else None
+            return done, self._sleep_for(conn)
+
+    def _act(self, conn: psycopg.Connection[dict[str, object]]) -> recovery.Recovered:
+        cfg = self.config
+        done = recovery.Recovered()
+        done.expired = recovery.expire_pending(conn)
+        if done.expired:
+            log.info("expired %d task(s) past good_until (TASK_EXPIRED)", done.expired)
+        if cfg.auto_requeue_stale_claimed:
+            done.requeued = recovery.requeue_stale_claimed(conn, cfg.claimed_stale_threshold_ms)
+        if cfg.auto_fail_stale_running:
+            done.retried, done.failed = recovery.recover_stale_running(conn, cfg.running_stale_threshold_ms)
+        try:
+            with conn.transaction():
+                done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
+        except psycopg.Error as exc:
+            log.error("could not check workers for stale heartbeats: %s", exc)
+        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+            self._last_prune = time.monotonic()
+            recovery.prune(conn, cfg)
         return done
 
-    def sleep_for(self) -> float:
+    def _sleep_for(self, conn: psycopg.Connection[dict[str, object]]) -> float:
         """Until the next thing turns stale or expires, within [MIN_SLEEP_S, check_interval]."""
         check = self.config.check_interval_ms / 1000
-        due = recovery.next_due_in(self._connection(), self.config)
+        due = recovery.next_due_in(conn, self.config)
         if due is None:
             return check
         return min(check, max(MIN_SLEEP_S, due + AFTER_DUE_S))
@@ -93,8 +98,9 @@ async def reaper_loop(reaper: Reaper) -> None:
     backoff = 0.5
     while True:
         try:
-            done = await asyncio.to_thread(reaper.tick)
-            wait = 0.0 if done is not None and _full(done) else await asyncio.to_thread(reaper.sleep_for)
+            done, wait = await asyncio.to_thread(reaper.tick)
+            if done is not None and _full(done):
+                wait = 0.0
             backoff = 0.5
         except psycopg.Error as exc:
             reaper.close()
