@@ -25,7 +25,10 @@ WHERE id = %(id)s;
 
 -- name: list_workers
 SELECT w.id, w.hostname, w.pid, w.queues, w.processes, w.status, w.started_at,
-       w.last_heartbeat_at, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS heartbeat_age_s,
+       w.last_heartbeat_at,
+       -- clock_timestamp(), not now(): a heartbeat committed after this statement's transaction
+       -- began carries a later now() than ours, and its age would come out negative.
+       greatest(0, extract(epoch FROM clock_timestamp() - w.last_heartbeat_at))::float8 AS heartbeat_age_s,
        (SELECT count(*) FROM tether_tasks t
          WHERE t.claimed_by_worker_id = w.id AND t.status = 'CLAIMED') AS claimed,
        (SELECT count(*) FROM tether_tasks t
