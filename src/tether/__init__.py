@@ -1,21 +1,37 @@
-"""tether: a durable background-task queue for Python on PostgreSQL."""
+"""tether: a durable background-task queue and workflow engine for Python on PostgreSQL."""
 
 from tether.app import Tether
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
 from tether.progress import report_progress
-from tether.result import TASK_TERMINAL_STATES, ErrorCode, TaskError, TaskResult, TaskStatus
+from tether.result import (
+    TASK_TERMINAL_STATES,
+    WORKFLOW_TERMINAL_STATES,
+    ErrorCode,
+    StepStatus,
+    TaskError,
+    TaskResult,
+    TaskStatus,
+    WorkflowStatus,
+)
+from tether.workflow.definition import Node, Workflow
+from tether.workflow.handle import StepInfo, WorkflowHandle, WorkflowInfo
+from tether.workflow.recovery import recover_stuck_workflows, recover_stuck_workflows_async
 
 __version__ = "0.1.0"
 
 __all__ = [
     "TASK_TERMINAL_STATES",
+    "WORKFLOW_TERMINAL_STATES",
     "AppConfig",
     "AttemptInfo",
     "ErrorCode",
+    "Node",
     "PostgresConfig",
     "RecoveryConfig",
     "RetryPolicy",
+    "StepInfo",
+    "StepStatus",
     "TaskError",
     "TaskHandle",
     "TaskInfo",
@@ -23,6 +39,12 @@ __all__ = [
     "TaskStatus",
     "Tether",
     "WorkerConfig",
+    "Workflow",
+    "WorkflowHandle",
+    "WorkflowInfo",
+    "WorkflowStatus",
     "__version__",
+    "recover_stuck_workflows",
+    "recover_stuck_workflows_async",
     "report_progress",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from tether.broker import PostgresBroker
@@ -15,6 +15,8 @@ from tether.handle import TaskHandle
 from tether.ids import parse_task_id
 from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue
 from tether.waiter import ResultListener
+from tether.workflow.definition import Node, OnError, Workflow
+from tether.workflow.handle import WorkflowHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -83,6 +85,28 @@ class Tether:
         if options.good_until is not None:
             _check_good_until(options.good_until)
         return options
+
+    def workflow(
+        self,
+        name: str,
+        nodes: Sequence[Node],
+        *,
+        on_error: OnError = "fail",
+        output: Node | str | None = None,
+    ) -> Workflow:
+        """A workflow of ``nodes`` (built with ``task.node(...)``), checked now; ``.start()`` runs it.
+
+        on_error="fail": a failed step skips its dependents, independent branches
+        finish, and the workflow ends FAILED. on_error="pause": the first failure
+        pauses the workflow (no new steps) until ``resume()`` or ``cancel()``.
+        ``output``: the node whose result ``get()`` returns (default: the only
+        final node; with several, a dict of their values by node name).
+        """
+        return Workflow(self, name, nodes, on_error=on_error, output=output)
+
+    def workflow_handle(self, workflow_id: str | uuid.UUID) -> WorkflowHandle:
+        """A handle for a workflow started earlier (by id)."""
+        return WorkflowHandle(self, parse_task_id(workflow_id, what="workflow id"))
 
     def get_broker(self) -> PostgresBroker:
         return self.broker

@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tether.app import Tether
 from tether.broker import PostgresBroker
@@ -36,7 +38,8 @@ def _config(database_url: str | None, app_path: str | None = None) -> AppConfig:
 
 
 def _broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:
-    broker = PostgresBroker(_config(database_url, app_path).broker)
+    config = _config(database_url, app_path)
+    broker = PostgresBroker(config.broker, auto_migrate=config.auto_migrate)
     # Close the pool before the interpreter tears threads down (else psycopg_pool warns).
     click.get_current_context().call_on_close(broker.close)
     return broker
@@ -51,7 +54,8 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        # Values are text, not markup (names and error codes are the user's); renderables pass through.
+        table.add_row(*(v if isinstance(v, Text) else escape("" if v is None else str(v)) for v in row))
     return table
 
 
@@ -359,8 +363,9 @@ def recover(
     running_threshold_ms: int | None,
     app_path: str | None,
 ) -> None:
-    """Recover stale tasks now, by the reaper's rules (manual recovery)."""
+    """Recover stale tasks now, by the reaper's rules (manual recovery), then reconcile workflows."""
     from tether.broker.recovery import recover_now
+    from tether.cli_workflows import reconcile_workflows
 
     rc = _config(database_url, app_path).recovery
     broker = _broker(database_url, app_path)
@@ -373,6 +378,8 @@ def recover(
             worker_threshold_ms=3 * beat_ms,
             dry_run=dry_run,
         )
+        # Then the reaper's workflow reconciliation, which also settles the steps of tasks failed above.
+        flows = reconcile_workflows(conn, dry_run=dry_run)
     rows = (
         [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
         + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
@@ -385,6 +392,7 @@ def recover(
                 "expired": done.expired,
                 "tasks": [{"action": a, **r} for a, r in rows],
                 "workers_deactivated": done.deactivated,
+                "workflows": flows.json(),
             }
         )
         return
@@ -403,6 +411,9 @@ def recover(
         f"{len(rows)} stale task(s) {verb} recovered, {done.expired} expired task(s) {verb} marked "
         f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
     )
+    if flows.workflows:
+        console.print(flows.table())
+    console.print(flows.summary())
 
 
 @cli.command()
@@ -432,3 +443,15 @@ def main() -> None:
 
 
 __all__ = ["AppConfig", "Tether", "cli", "main"]
+
+
+def _register_workflow_commands() -> None:
+    """The workflow commands live in tether.cli_workflows, which adds them to `cli` on import.
+
+    Imported from a function so that type checkers read this module first (that one uses
+    this one's options and helpers).
+    """
+    from tether import cli_workflows  # noqa: F401
+
+
+_register_workflow_commands()

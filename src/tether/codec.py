@@ -27,7 +27,7 @@ from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 from tether.errors import SerializationError
 from tether.result import TaskError, TaskResult
 
-__all__ = ["decode", "decode_as", "decode_result", "dumps", "encode_result", "loads"]
+__all__ = ["decode", "decode_as", "decode_result", "dumps", "encode_result", "loads", "result_from_decoded"]
 
 # Non-JSON scalars are stored as {"__tether__": <tag>, "v": <json>}. A user dict with a
 # "__tether__" key is escaped as tag "dict" with a list of [key, value] pairs: object_hook
@@ -316,7 +316,11 @@ def encode_result(result: TaskResult[Any, Any], *, what: str = "result") -> str:
 
 def decode_result(obj: Any) -> TaskResult[Any, TaskError]:
     """Decode a stored result, given as JSON text or as data parsed from jsonb."""
-    data = loads(obj) if isinstance(obj, str | bytes) else decode(obj)
+    return result_from_decoded(loads(obj) if isinstance(obj, str | bytes) else decode(obj))
+
+
+def result_from_decoded(data: Any) -> TaskResult[Any, TaskError]:
+    """A TaskResult from a stored result already decoded by loads/decode (tags restored)."""
     if isinstance(data, dict) and len(data) == 1:
         if "ok" in data:
             return TaskResult(ok=data["ok"])

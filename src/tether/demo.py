@@ -4,7 +4,8 @@ It starts a worker, sends a batch with a progress bar, then shows why tether
 exists: it starts a second worker, kills the first one (SIGKILL to its whole
 process group) while it runs two tasks, and prints their recovery as it
 happens: one task retried on the survivor (its policy allows crash retries),
-one FAILED with WORKER_CRASHED (its policy does not).
+one FAILED with WORKER_CRASHED (its policy does not). The retried task is the
+middle step of a workflow, which then carries on to its last step.
 """
 
 from __future__ import annotations
@@ -22,9 +23,20 @@ from uuid import UUID
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskInfo, TaskResult, Tether
+from tether import (
+    AppConfig,
+    ErrorCode,
+    RetryPolicy,
+    TaskError,
+    TaskInfo,
+    TaskResult,
+    TaskStatus,
+    Tether,
+    WorkflowHandle,
+)
 from tether.config import mask_url
 from tether.db.connection import resolve_database_url
+from tether.errors import TaskNotFoundError
 
 app = Tether(AppConfig(queues=["default", "images"]))
 
@@ -53,6 +65,18 @@ def render(frames: int) -> TaskResult[str, TaskError]:
     """Slow, and safe to run again: crash retries allowed."""
     time.sleep(frames * 0.1)
     return TaskResult(ok=f"rendered {frames} frames")
+
+
+@app.task("demo.plan")
+def plan(scenes: int) -> TaskResult[int, TaskError]:
+    """First step of the demo workflow: decide how many frames to render."""
+    return TaskResult(ok=scenes * 10)
+
+
+@app.task("demo.publish")
+def publish(video: str) -> TaskResult[str, TaskError]:
+    """Last step of the demo workflow: runs once the render step has succeeded."""
+    return TaskResult(ok=f"published ({video})")
 
 
 @app.task("demo.charge")
@@ -118,17 +142,15 @@ def _crash(
     a_id: str,
 ) -> bool:
     console.print(
-        "4. Worker A takes two slow tasks: demo.render (crash retries allowed), demo.charge (not)..."
+        "4. Worker A takes two slow tasks: demo.render, the middle step of the workflow\n"
+        "   plan -> render -> publish (crash retries allowed), and demo.charge (not)..."
     )
-    tasks = {"demo.render": render.send(40), "demo.charge": charge.send(1999)}
-    _until(
-        lambda: (
-            all(h.info().claimed_by_worker_id == a_id for h in tasks.values())
-            and all(h.status().value == "RUNNING" for h in tasks.values())
-        ),
-        20,
-        "both tasks RUNNING on A",
-    )
+    planned = plan.node(args=(4,), name="plan")
+    rendered = render.node(args_from={"frames": planned}, name="render")
+    published = publish.node(args_from={"video": rendered}, name="publish")
+    flow = app.workflow("demo.video", [planned, rendered, published]).start()
+    tasks = {"demo.render": flow.task("render"), "demo.charge": charge.send(1999)}
+    _until(lambda: all(_running_on(h.info, a_id) for h in tasks.values()), 20, "both tasks RUNNING on A")
     console.print("   starting worker B, then killing worker A (SIGKILL to its process group) mid-task...")
     b = _start_worker(url, processes, workers)
     b_id = _wait_for_worker(b, timeout=60)
@@ -160,8 +182,30 @@ def _crash(
     charge_result = tasks["demo.charge"].get(timeout=1)
     console.print(f"   demo.render: {render_result.ok if render_result.is_ok else render_result.err}")
     console.print(f"   demo.charge: {charge_result.err if charge_result.is_err else charge_result.ok}")
+    flow_ok = _workflow_outcome(console, flow)
     charge_err = charge_result.err
-    return render_result.is_ok and charge_err is not None and charge_err.code == ErrorCode.WORKER_CRASHED
+    return (
+        render_result.is_ok
+        and flow_ok
+        and charge_err is not None
+        and charge_err.code == ErrorCode.WORKER_CRASHED
+    )
+
+
+def _running_on(info: Callable[[], TaskInfo], worker_id: str) -> bool:
+    try:
+        now = info()
+    except TaskNotFoundError:  # a workflow step's task exists once its dependencies are done
+        return False
+    return now.status is TaskStatus.RUNNING and now.claimed_by_worker_id == worker_id
+
+
+def _workflow_outcome(console: Console, flow: WorkflowHandle) -> bool:
+    result = flow.get(timeout=20)
+    steps = ", ".join(f"{s.name} {s.status.value}" for s in flow.info().steps)
+    console.print(f"   workflow demo.video: {flow.status().value} ({steps})")
+    console.print(f"   its result: {result.ok if result.is_ok else result.err}")
+    return result.is_ok
 
 
 def _state(info: TaskInfo) -> str:

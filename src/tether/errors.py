@@ -32,6 +32,14 @@ class TaskDefinitionError(TetherError, ValueError):
     """A task function cannot be registered as written."""
 
 
+class WorkflowDefinitionError(TetherError, ValueError):
+    """A workflow is refused before anything is written: unknown task, cycle, bad arguments, ..."""
+
+
+class WorkflowNotFoundError(TetherError, LookupError):
+    """No workflow with that id exists (it may have been pruned by retention)."""
+
+
 class DatabaseUnreachableError(TetherError, ConnectionError):
     """The PostgreSQL server could not be reached. The message names the (masked) URL."""
 

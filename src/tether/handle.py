@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
-from tether.waiter import threadsafe_async_event
+from tether.waiter import wait_for, wait_for_async
 
 if TYPE_CHECKING:
     from tether.app import Tether
@@ -124,73 +121,38 @@ class TaskHandle(Generic[T]):
         return _info(row, attempts)
 
     def cancel(self) -> bool:
-        """Cancel if no code has run yet (PENDING or CLAIMED). True if this call cancelled it."""
-        return bool(self.app.broker.fetchall("cancel_task", {"id": self.id}))
+        """Cancel if no code has run yet (PENDING or CLAIMED). True if this call cancelled it.
+
+        A workflow step cancelled this way ends CANCELLED in its workflow, which
+        then treats it as a step that did not complete (its on_error applies).
+        """
+        rows = self.app.broker.fetchall("cancel_task", {"id": self.id})
+        if rows and rows[0]["workflow_id"] is not None:
+            from tether.workflow import engine
+
+            workflow_id = rows[0]["workflow_id"]
+            self.app.broker.run(lambda conn: engine.advance(conn, workflow_id, [self.id]))
+        return bool(rows)
 
     async def cancel_async(self) -> bool:
-        return bool(await _in_thread(self.app.broker.fetchall, "cancel_task", {"id": self.id}))
+        return await _in_thread(self.cancel)
 
     # -- waiting -------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
         """Wait for the outcome. On timeout: an err result with WAIT_TIMEOUT (the task goes on)."""
         _check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        found = self._watch()
-        if found is not None:
-            return found
-        listener = self.app.result_listener
-        woken = threading.Event()
-        key = str(self.id)
-        listener.subscribe(key, woken.set)
         poll = self.app.config.result_poll_interval_ms / 1000
-        try:
-            # A task that finished between the first look and subscribe notified nobody.
-            found = self._read()
-            if found is not None:
-                return found
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return _timed_out(timeout)
-                woken.wait(poll if left is None else min(poll, left))
-                woken.clear()
-                found = self._read()
-                if found is not None:
-                    return found
-        finally:
-            listener.unsubscribe(key, woken.set)
+        found = wait_for(self.app.result_listener, str(self.id), self._watch, self._read, timeout, poll)
+        return found if found is not None else _timed_out(timeout)
 
     async def get_async(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
         _check_timeout(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        found = await self._watch_async()
-        if found is not None:
-            return found
-        listener = self.app.result_listener
-        woken = asyncio.Event()
-        wake = threadsafe_async_event(loop, woken)
-        key = str(self.id)
-        listener.subscribe(key, wake)
         poll = self.app.config.result_poll_interval_ms / 1000
-        try:
-            # A task that finished between the first look and subscribe notified nobody.
-            found = await self._read_async()
-            if found is not None:
-                return found
-            while True:
-                left = None if deadline is None else deadline - loop.time()
-                if left is not None and left <= 0:
-                    return _timed_out(timeout)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), poll if left is None else min(poll, left))
-                woken.clear()
-                found = await self._read_async()
-                if found is not None:
-                    return found
-        finally:
-            listener.unsubscribe(key, wake)
+        found = await wait_for_async(
+            self.app.result_listener, str(self.id), self._watch_async, self._read_async, timeout, poll
+        )
+        return found if found is not None else _timed_out(timeout)
 
     def _watch(self) -> TaskResult[T, TaskError] | None:
         return _result_or_missing(self.id, self.app.broker.fetchone("watch_task", {"id": self.id}))
@@ -226,9 +188,9 @@ def _check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
 
 
-def _timed_out(timeout: float | None) -> TaskResult[Any, TaskError]:
+def _timed_out(timeout: float | None, what: str = "task") -> TaskResult[Any, TaskError]:
     return TaskResult(
-        err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the task goes on")
+        err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the {what} goes on")
     )
 
 

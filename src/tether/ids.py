@@ -31,11 +31,11 @@ def new_task_ids(n: int) -> list[uuid.UUID]:
     return [_uuid7(ms, int.from_bytes(pool[i : i + 10], "big")) for i in range(0, 10 * n, 10)]
 
 
-def parse_task_id(value: str | uuid.UUID) -> uuid.UUID:
-    """A task id from user input; ValueError names the bad value."""
+def parse_task_id(value: str | uuid.UUID, *, what: str = "task id") -> uuid.UUID:
+    """A task (or workflow) id from user input; ValueError names the bad value."""
     if isinstance(value, uuid.UUID):
         return value
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        raise ValueError(f"task id {value!r} is not a UUID") from None
+        raise ValueError(f"{what} {value!r} is not a UUID") from None

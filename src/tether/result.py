@@ -31,6 +31,45 @@ TASK_TERMINAL_STATES: frozenset[TaskStatus] = frozenset(
 )
 
 
+class WorkflowStatus(StrEnum):
+    """The states of a workflow, as stored in ``tether_workflows.status``."""
+
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"  # a step failed under on_error='pause' (or pause() was called)
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in WORKFLOW_TERMINAL_STATES
+
+
+WORKFLOW_TERMINAL_STATES: frozenset[WorkflowStatus] = frozenset(
+    {WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED}
+)
+
+
+class StepStatus(StrEnum):
+    """The states of a workflow step, as stored in ``tether_workflow_tasks.status``.
+
+    WAITING for dependencies; READY but held (the workflow is paused); ENQUEUED
+    (its task exists: see the task's own status); then one of the four ends.
+    """
+
+    WAITING = "WAITING"
+    READY = "READY"
+    ENQUEUED = "ENQUEUED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED)
+
+
 class ErrorCode(StrEnum):
     """Outcome codes tether itself produces. User codes are plain strings."""
 
@@ -44,6 +83,11 @@ class ErrorCode(StrEnum):
     RESULT_NOT_SERIALIZABLE = "RESULT_NOT_SERIALIZABLE"
     WAIT_TIMEOUT = "WAIT_TIMEOUT"
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    # workflows
+    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a step skipped because a dependency did not complete
+    WORKFLOW_FAILED = "WORKFLOW_FAILED"
+    WORKFLOW_CANCELLED = "WORKFLOW_CANCELLED"
+    WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
 
 
 @dataclass(frozen=True, slots=True)

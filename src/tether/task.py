@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import psycopg
+from typing_extensions import Unpack
 
 from tether import codec
 from tether.config import RetryPolicy
@@ -30,6 +31,7 @@ from tether.ids import new_task_id, new_task_ids
 
 if TYPE_CHECKING:
     from tether.app import Tether
+    from tether.workflow.definition import Node, NodeOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -119,6 +121,10 @@ class Task(Generic[P, R]):
     ) -> list[TaskHandle[Any]]:
         return await BoundTask(self, self.options).send_many_async(items, **common)
 
+    def node(self, **options: Unpack[NodeOptions]) -> Node:
+        """A workflow step that runs this task (see app.workflow and docs/workflows.md)."""
+        return BoundTask(self, self.options).node(**options)
+
     # -- encoding -------------------------------------------------------------
 
     def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
@@ -191,6 +197,16 @@ class BoundTask:
 
     def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return self.schedule(timedelta(0), *args, **kwargs)
+
+    def node(self, **options: Unpack[NodeOptions]) -> Node:
+        """A workflow step that runs this task with these send options.
+
+        Options: args=(...), kwargs={...}, name=, after=[...], args_from={param: node},
+        join="all" | "any", run_anyway=False (see tether.workflow.definition.make_node).
+        """
+        from tether.workflow.definition import make_node
+
+        return make_node(self, **options)
 
     async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return await self.schedule_async(timedelta(0), *args, **kwargs)

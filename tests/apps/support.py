@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -34,6 +36,17 @@ def ensure_ledger(conn: psycopg.Connection[Any]) -> None:
 
 def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
     return psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+
+
+@contextmanager
+def clean_connection(database_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A connection to a database emptied of tether rows, with the ledger in place (module fixtures)."""
+    from tests.conftest import clean_tables
+
+    with connect(database_url) as conn:
+        clean_tables(conn)
+        ensure_ledger(conn)
+        yield conn
 
 
 def task_row(conn: psycopg.Connection[Any], task_id: Any) -> dict[str, Any]:

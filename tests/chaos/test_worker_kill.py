@@ -65,6 +65,13 @@ def test_a_killed_worker_s_tasks_are_recovered_by_the_survivor(
     )
     b = workers.start(APP, "--processes", "2", env=FAST)
     assert all(task_row(db, h.id)["claimed_by_worker_id"] == a.worker_id for h in [fail, retry, *claimed])
+    # The stale check below is judged against A's last runner heartbeat: have one first
+    # (on a loaded machine B can register before A's first heartbeat interval has passed).
+    wait_until(
+        lambda: last_heartbeat(db, fail.id, "runner") is not None,
+        timeout=10,
+        message="a runner heartbeat for the long task",
+    )
 
     killed_at = db_now(db)
     a.kill()  # SIGKILL to A's whole process group, by pid

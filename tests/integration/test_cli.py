@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -13,11 +10,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from click.testing import CliRunner, Result
 
 import tether.cli
 from tests.apps.support import ensure_ledger, load_app_module
-from tests.conftest import REPO, WorkerFactory
+from tests.cli_support import run, run_json, tether_command
+from tests.conftest import WorkerFactory
 from tether.broker import PostgresBroker
 from tether.db.migrate import latest_version
 
@@ -50,24 +47,6 @@ def close_brokers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for broker in opened:
         broker.close()
-
-
-def run(database_url: str, *args: str) -> Result:
-    result = CliRunner().invoke(tether.cli.cli, [*args, "--database-url", database_url])
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result
-
-
-def run_json(database_url: str, *args: str) -> Any:
-    return json.loads(run(database_url, *args, "--json").stdout)
-
-
-def tether_command(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real entry point in a process of its own, as a user runs it (errors included)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tether", *args, "--database-url", database_url],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
 
 
 def test_migrate_says_up_to_date(database_url: str) -> None:
@@ -126,7 +105,8 @@ def test_tasks_and_task_json(
     assert one["result"] == {"ok": 2}
     attempts = one["attempts"]
     assert [(a["attempt"], a["outcome"], a["will_retry"]) for a in attempts] == [
-        (1, "FAILED", True), (2, "COMPLETED", False),
+        (1, "FAILED", True),
+        (2, "COMPLETED", False),
     ]
     assert attempts[0]["error_code"] == "TRANSIENT"
     assert {a["worker_id"] for a in attempts} == {worker.worker_id}

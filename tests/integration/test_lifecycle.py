@@ -20,14 +20,13 @@ import pytest
 
 from tests.apps.support import (
     attempt_rows,
-    connect,
+    clean_connection,
     db_now,
-    ensure_ledger,
     load_app_module,
     runs,
     task_row,
 )
-from tests.conftest import WorkerFactory, WorkerProcess, clean_tables, wait_until
+from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, TaskStatus
 
 APP = "tests.apps.basic:app"
@@ -37,9 +36,7 @@ WAIT = 30.0
 
 @pytest.fixture(scope="module")
 def conn(database_url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    with connect(database_url) as c:
-        clean_tables(c)
-        ensure_ledger(c)
+    with clean_connection(database_url) as c:
         yield c
 
 

@@ -42,10 +42,20 @@ class Recovered:
     retried: list[Row] = field(default_factory=list)
     failed: list[Row] = field(default_factory=list)
     deactivated: list[Row] = field(default_factory=list)
+    workflow_steps: int = 0  # workflow steps settled by reconciliation
+    workflows_finished: list[str] = field(default_factory=list)
 
     @property
     def acted(self) -> bool:
-        return bool(self.expired or self.requeued or self.retried or self.failed or self.deactivated)
+        return bool(
+            self.expired
+            or self.requeued
+            or self.retried
+            or self.failed
+            or self.deactivated
+            or self.workflow_steps
+            or self.workflows_finished
+        )
 
     def merge(self, other: Recovered) -> None:
         self.expired += other.expired
@@ -53,6 +63,8 @@ class Recovered:
         self.retried += other.retried
         self.failed += other.failed
         self.deactivated += other.deactivated
+        self.workflow_steps += other.workflow_steps
+        self.workflows_finished += other.workflows_finished
 
 
 def _ms(value: int | float) -> timedelta:
@@ -178,6 +190,7 @@ def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, i
         ("worker_states", "prune_worker_states", config.worker_state_retention_hours),
         ("workers", "prune_workers", config.worker_state_retention_hours),
         ("tasks", "prune_terminal_tasks", config.terminal_record_retention_hours),
+        ("workflows", "prune_workflows", config.terminal_record_retention_hours),
     ]
     deleted: dict[str, int] = {}
     for label, statement, hours in plan:

@@ -93,7 +93,7 @@ class Executor:
             return args, kwargs
         for pname, hint in plan.items():
             if pname in bound.arguments:
-                bound.arguments[pname] = codec.decode_as(
+                bound.arguments[pname] = _convert(
                     bound.arguments[pname], hint, what=f"argument {pname!r} of task {task.name!r}"
                 )
         return list(bound.args), dict(bound.kwargs)
@@ -118,6 +118,18 @@ class Executor:
             }
             self._plans[task.name] = plan
         return plan
+
+
+def _convert(value: Any, hint: Any, *, what: str) -> Any:
+    """A decoded argument as its annotated type; a TaskResult (a workflow step fed the whole
+    result of a dependency) is rebuilt, its ok value converted to the first type argument."""
+    if hint is TaskResult or typing.get_origin(hint) is TaskResult:
+        result = codec.result_from_decoded(value)
+        type_args = typing.get_args(hint)
+        if result.is_ok and type_args:
+            return TaskResult(ok=codec.decode_as(result.ok, type_args[0], what=f"{what} (ok value)"))
+        return result
+    return codec.decode_as(value, hint, what=what)
 
 
 def _needs_conversion(hint: Any) -> bool:

@@ -23,6 +23,7 @@ class TaskPayload:
     retry_count: int
     max_retries: int
     retry_policy: str | None
+    workflow_id: str | None = None  # set when the task is a workflow step
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> TaskPayload:
@@ -36,6 +37,7 @@ class TaskPayload:
             retry_count=row["retry_count"],
             max_retries=row["max_retries"],
             retry_policy=row["retry_policy"],
+            workflow_id=str(row["workflow_id"]) if row.get("workflow_id") else None,
         )
 
 

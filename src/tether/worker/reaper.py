@@ -1,10 +1,12 @@
 """The reaper: runs in every worker; one worker acts at a time (advisory lock).
 
 Each tick, in this order: expire PENDING tasks past good_until; requeue stale
-CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; prune by
-retention (at most hourly). Between ticks it sleeps until the next task would
-turn stale or expire, but never longer than check_interval_ms, so recovery
-does not wait for a fixed tick.
+CLAIMED; retry or fail stale RUNNING; mark silent workers inactive (all in one
+transaction); then reconcile workflow steps whose task has ended (including the
+ones this tick just failed) and finish workflows, one transaction per workflow
+and only when there is any; prune by retention (at most hourly). Between
+ticks it sleeps until the next task would turn stale or expire, but never
+longer than check_interval_ms, so recovery does not wait for a fixed tick.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tether.broker import recovery
 from tether.broker.queries import q
 from tether.config import RecoveryConfig
 from tether.db.connection import worker_session_options
+from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
 
@@ -60,10 +63,31 @@ class Reaper:
         commit per tick (heartbeat + reaper = 2 commits per interval per worker).
         """
         conn = self._connection()
+        stuck: dict[object, list[object]] = {}
+        unfinished: list[object] = []
         with conn.transaction():
             row = conn.execute(q("reaper_lock")).fetchone()
             done = self._act(conn) if row and row["acquired"] else None
-            return done, self._sleep_for(conn)
+            if done is not None:
+                # Read in this transaction, so the steps of tasks failed just now are found.
+                stuck = workflow_recovery.find_stuck(conn)
+                unfinished = workflow_recovery.find_unfinished(conn)
+            wait = self._sleep_for(conn)
+        if done is None:
+            return None, wait
+        if stuck or unfinished:
+            try:
+                settled = workflow_recovery.reconcile(conn, stuck, unfinished)
+                done.workflow_steps, done.workflows_finished = settled.steps, settled.finished
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                log.error("could not reconcile workflow steps: %s", exc)
+        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+            self._last_prune = time.monotonic()
+            with conn.transaction():
+                recovery.prune(conn, self.config)
+        return done, wait
 
     def _act(self, conn: psycopg.Connection[dict[str, object]]) -> recovery.Recovered:
         cfg = self.config
@@ -80,9 +104,6 @@ class Reaper:
                 done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
         except psycopg.Error as exc:
             log.error("could not check workers for stale heartbeats: %s", exc)
-        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
-            self._last_prune = time.monotonic()
-            recovery.prune(conn, cfg)
         return done
 
     def _sleep_for(self, conn: psycopg.Connection[dict[str, object]]) -> float:
@@ -114,5 +135,8 @@ def _full(done: recovery.Recovered) -> bool:
     """A step hit its batch limit: more is waiting, go again at once."""
     batch = recovery.BATCH
     return (
-        done.expired >= batch or len(done.requeued) >= batch or len(done.retried) + len(done.failed) >= batch
+        done.expired >= batch
+        or len(done.requeued) >= batch
+        or len(done.retried) + len(done.failed) >= batch
+        or done.workflow_steps >= workflow_recovery.BATCH
     )

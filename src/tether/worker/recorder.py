@@ -28,6 +28,7 @@ from tether.broker.queries import q
 from tether.db.connection import TCP_SETTINGS
 from tether.outcomes import Fence, Outcome, outcome_statement
 from tether.worker.protocol import TaskPayload
+from tether.workflow import engine
 
 log = logging.getLogger("tether.worker.recorder")
 
@@ -138,6 +139,8 @@ class Recorder:
             recorded = self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
         if next_task is not None and not started:
             started = self._explain_miss(next_task, "start", retried, settled="RUNNING")
+        if recorded:
+            self.after_outcome(task, outcome)
         return recorded, started
 
     def record_for(self, task: TaskPayload, outcome: Outcome, *, expect: str) -> bool:
@@ -148,9 +151,33 @@ class Recorder:
         rows, retried = self._with_retry(
             f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchall()
         )
-        if rows:
-            return True
-        return retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
+        recorded = bool(rows) or (
+            retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
+        )
+        if recorded:
+            self.after_outcome(task, outcome)
+        return recorded
+
+    def after_outcome(self, task: TaskPayload, outcome: Outcome) -> None:
+        """A workflow step's task has ended: advance its workflow (a transaction of its own).
+
+        If this process dies first, the step stays ENQUEUED with an ended task and
+        the reaper's reconciliation advances the workflow instead.
+        """
+        if task.workflow_id is None or outcome.will_retry:
+            return
+        workflow_id = task.workflow_id
+        try:
+            self._with_retry(
+                f"advancing workflow {workflow_id}",
+                lambda c: engine.advance(c, workflow_id, [task.id]),
+            )
+        except Exception:  # never fatal to the worker: reconciliation repairs the step
+            log.exception(
+                "task %s: could not advance workflow %s; the reaper will reconcile the step",
+                task.id,
+                workflow_id,
+            )
 
     def unstart(self, task: TaskPayload) -> bool:
         """RUNNING -> PENDING for a task this process started but whose code it never ran."""

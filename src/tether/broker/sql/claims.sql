@@ -27,7 +27,7 @@ SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at 
     claimed_by_worker_id = %(worker_id)s
 FROM picked WHERE t.id = picked.id
 RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
-          t.max_retries, t.retry_policy::text;
+          t.max_retries, t.retry_policy::text, t.workflow_id;
 
 -- name: start_task
 UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()

@@ -159,9 +159,10 @@ DELETE FROM tether_workers WHERE id IN (
     WHERE status <> 'active' AND updated_at < now() - %(age)s::interval LIMIT %(limit)s);
 
 -- name: prune_terminal_tasks
--- Attempts go with their task (ON DELETE CASCADE).
+-- Attempts go with their task (ON DELETE CASCADE). Workflow steps' tasks go
+-- with their workflow (prune_workflows), never while it may still need them.
 DELETE FROM tether_tasks WHERE id IN (
     SELECT id FROM tether_tasks
     WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
-      AND updated_at < now() - %(age)s::interval
+      AND updated_at < now() - %(age)s::interval AND workflow_id IS NULL
     LIMIT %(limit)s);

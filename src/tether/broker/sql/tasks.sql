@@ -64,9 +64,9 @@ WITH c AS (
         result = jsonb_build_object('err', jsonb_build_object(
             'code', 'TASK_CANCELLED', 'message', 'cancelled before it ran', 'data', NULL))
     WHERE id = %(id)s AND status IN ('PENDING', 'CLAIMED')
-    RETURNING id, notify_on_done
+    RETURNING id, workflow_id, notify_on_done
 )
-SELECT id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM c;
+SELECT id, workflow_id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM c;
 
 -- name: list_tasks
 SELECT id, name, queue, priority, status, attempt, retry_count, error_code, sent_at,

@@ -1,0 +1,375 @@
+"""The workflow commands of ``tether``: ``workflows``, ``workflow ID``, and the workflow pass of ``recover``.
+
+They register on the ``cli`` group of tether.cli (which imports this module) and share its
+options and helpers, so they find the database, print tables and JSON the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import click
+import psycopg
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from tether import cli as base
+from tether.app import Tether
+from tether.broker.queries import q
+from tether.errors import WorkflowNotFoundError
+from tether.ids import parse_task_id
+from tether.result import StepStatus, TaskError, TaskResult, WorkflowStatus
+from tether.workflow import recovery as workflow_recovery
+from tether.workflow.handle import StepInfo, WorkflowHandle, WorkflowInfo
+
+STYLES: dict[str, str] = {
+    # workflow, step and task statuses share one palette
+    "RUNNING": "cyan",
+    "PAUSED": "yellow",
+    "COMPLETED": "green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+    "EXPIRED": "magenta",
+    "SKIPPED": "yellow",
+    "WAITING": "dim",
+    "READY": "cyan",
+    "ENQUEUED": "blue",
+    "PENDING": "dim",
+    "CLAIMED": "cyan",
+}
+# How many stuck steps `tether recover` reads up front to list their workflows.
+REPORT_LIMIT = workflow_recovery.BATCH
+
+
+def _status(value: str) -> Text:
+    return Text(value, style=STYLES.get(value, ""))
+
+
+def _app(database_url: str | None) -> Tether:
+    """A bare app (no tasks) on the command's database: enough for a WorkflowHandle."""
+    app = Tether(base._config(database_url))
+    click.get_current_context().call_on_close(app.close)
+    return app
+
+
+# -- tether workflows -----------------------------------------------------------------------
+
+
+@base.cli.command()
+@base._db_option
+@base._json_option
+@click.option(
+    "--status", "status_", type=click.Choice([s.value for s in WorkflowStatus], case_sensitive=False)
+)
+@click.option("--name", default=None, help="Exact workflow name.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+def workflows(
+    database_url: str | None, as_json: bool, status_: str | None, name: str | None, limit: int
+) -> None:
+    """Recent workflows, newest first, filtered by status or name."""
+    rows = base._broker(database_url).fetchall(
+        "list_workflows",
+        {"status": status_.upper() if status_ else None, "name": name, "limit": limit},
+    )
+    if as_json:
+        base._emit_json(rows)
+        return
+    table = base._table(
+        "Workflows",
+        ["id", "name", "status", "steps", "failed", "created", "finished"],
+        [
+            [
+                r["id"],
+                r["name"],
+                _status(r["status"]),
+                f"{r['steps_done']}/{r['steps_total']}",
+                r["steps_failed"],
+                base._ts(r["created_at"]),
+                base._ts(r["finished_at"]),
+            ]
+            for r in rows
+        ],
+    )
+    base.console.print(table)
+
+
+# -- tether workflow ID ---------------------------------------------------------------------
+
+
+@base.cli.command()
+@click.argument("workflow_id")
+@base._db_option
+@base._json_option
+@click.option(
+    "--cancel", is_flag=True, help="Cancel it: steps not started are cancelled, running ones finish."
+)
+@click.option("--resume", is_flag=True, help="Resume it if it is PAUSED: steps that became ready start.")
+def workflow(workflow_id: str, database_url: str | None, as_json: bool, cancel: bool, resume: bool) -> None:
+    """One workflow with its steps as a tree (each step under the steps it waits for)."""
+    if cancel and resume:
+        raise click.UsageError("--cancel and --resume cannot be used together")
+    wid = parse_task_id(workflow_id, what="workflow id")
+    handle = WorkflowHandle(_app(database_url), wid)
+    info = _read(handle)
+    acted: bool | None = None
+    message: Text | None = None
+    if cancel:
+        acted = handle.cancel()
+        before, info = info, _read(handle)
+        message = _cancelled(before, info) if acted else _not_acted(info, "cancel", "it has already ended")
+    elif resume:
+        acted = handle.resume()
+        before, info = info, _read(handle)
+        message = _resumed(before, info) if acted else _not_acted(info, "resume", "it is not PAUSED")
+    if as_json:
+        action = {"cancelled": acted} if cancel else {"resumed": acted} if resume else {}
+        base._emit_json({**action, **info_json(info)})
+        return
+    if message is not None:
+        base.console.print(message)
+    base.console.print(_fields(info))
+    base.console.print(steps_tree(info.steps, max_depth=max(4, (base.console.width - 40) // 4)))
+
+
+def _read(handle: WorkflowHandle) -> WorkflowInfo:
+    try:
+        return handle.info()
+    except WorkflowNotFoundError:
+        raise click.ClickException(
+            f"no workflow with id {handle.id} (never started, or pruned by retention)"
+        ) from None
+
+
+def _cancelled(before: WorkflowInfo, after: WorkflowInfo) -> Text:
+    was = {s.name: s.status for s in before.steps}
+    stopped = sum(1 for s in after.steps if s.status is StepStatus.CANCELLED and was[s.name] != s.status)
+    running = sum(1 for s in after.steps if s.status is StepStatus.ENQUEUED)
+    return Text(
+        f"workflow {after.id} cancelled: {stopped} step(s) that had not started were cancelled, "
+        f"{running} step(s) already running will finish"
+    )
+
+
+def _resumed(before: WorkflowInfo, after: WorkflowInfo) -> Text:
+    was = {s.name: s.status for s in before.steps}
+    started = sum(
+        1 for s in after.steps if was[s.name] is StepStatus.READY and s.status is not StepStatus.READY
+    )
+    return Text.assemble(
+        f"workflow {after.id} resumed: {started} step(s) that became ready while it was paused "
+        "were enqueued; it is now ",
+        _status(after.status),
+    )
+
+
+def _not_acted(info: WorkflowInfo, verb: str, why: str) -> Text:
+    return Text.assemble(f"workflow {info.id} is ", _status(info.status), f": nothing to {verb} ({why})")
+
+
+def _fields(info: WorkflowInfo) -> Table:
+    title = f"Workflow {info.id}"
+    fields = Table(title=title, title_justify="left", show_header=False, min_width=len(title))
+    rows: list[tuple[str, str | Text]] = [
+        ("name", info.name),
+        ("status", _status(info.status)),
+        ("on_error", info.on_error),
+        ("steps", f"{info.steps_done} of {info.steps_total} done, {info.steps_failed} failed"),
+        ("created_at", base._ts(info.created_at)),
+        ("updated_at", base._ts(info.updated_at)),
+        ("paused_at", base._ts(info.paused_at)),
+        ("finished_at", base._ts(info.finished_at)),
+    ]
+    for key, value in rows:
+        fields.add_row(key, Text(value) if isinstance(value, str) else value)
+    return fields
+
+
+def steps_tree(steps: Sequence[StepInfo], *, max_depth: int = 10) -> Tree:
+    """The steps as a tree: roots at the top, each step's dependents under it.
+
+    A step appears in full once, under its first dependency (the first of ``after``,
+    then of ``args_from``), and as a one-line reference under each of the others, so
+    the tree has one line per root plus one per dependency edge. A step that would sit
+    deeper than ``max_depth`` with dependents of its own continues as a top-level entry
+    right after the current one, so long chains do not run off the screen.
+    """
+    dependents: dict[str, list[StepInfo]] = {s.name: [] for s in steps}
+    for s in steps:
+        for d in s.depends_on:
+            if d in dependents:
+                dependents[d].append(s)
+    tree = Tree(Text(f"steps ({len(steps)})", style="bold"), guide_style="dim")
+    printed: set[str] = set()
+    tops: deque[tuple[StepInfo, str | None]] = deque((s, None) for s in steps if not s.depends_on)
+    rest = iter(steps)  # steps no root leads to (only in rows changed by hand) are listed last
+    while True:
+        if tops:
+            top, came_from = tops.popleft()
+        else:
+            unplaced = next((s for s in rest if s.name not in printed), None)
+            if unplaced is None:
+                return tree
+            top, came_from = unplaced, None
+        if top.name in printed:
+            continue
+        continued: list[tuple[StepInfo, str | None]] = []
+        stack: list[tuple[Tree, StepInfo, int, str | None]] = [(tree, top, 1, None)]
+        while stack:
+            parent, step, depth, via = stack.pop()
+            if step.name in printed or (via is not None and step.depends_on[0] != via):
+                where = "see above" if step.name in printed else "see below"
+                parent.add(Text.assemble(("↳ ", "dim"), step.name, (f" ({where})", "dim")))
+                continue
+            children = dependents[step.name]
+            if via is not None and depth > max_depth and children:
+                continued.append((step, via))
+                parent.add(Text.assemble(("↳ ", "dim"), step.name, (" (continued below)", "dim")))
+                continue
+            printed.add(step.name)
+            label = _step_line(step)
+            if via is None and came_from is not None:
+                label.append(f"  (continued from {came_from})", style="dim")
+            branch = parent.add(label)
+            stack.extend((branch, child, depth + 1, step.name) for child in reversed(children))
+        tops.extendleft(reversed(continued))
+
+
+def _step_line(step: StepInfo) -> Text:
+    line = Text(step.name, style="bold")
+    if step.task_name != step.name:
+        line.append(f"  {step.task_name}", style="dim")
+    line.append("  ")
+    line.append_text(_status(step.status))
+    if step.task_status is not None:
+        line.append("  task ", style="dim")
+        line.append_text(_status(step.task_status))
+        if step.attempt:
+            line.append(f", attempt {step.attempt}", style="dim")
+    if step.error_code and step.status in (StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED):
+        line.append(f"  {step.error_code}", style="red")
+    if step.join == "any":
+        line.append("  join=any", style="cyan")
+    if step.run_anyway:
+        line.append("  run_anyway", style="cyan")
+    return line
+
+
+def info_json(info: WorkflowInfo) -> dict[str, Any]:
+    """The WorkflowInfo as JSON-able data: statuses as strings, results as {"ok"} or {"err"}."""
+    data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name != "steps"}
+    data["steps"] = [
+        {
+            **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
+            "depends_on": list(s.depends_on),
+            "result": _result_json(s.result),
+        }
+        for s in info.steps
+    ]
+    return data
+
+
+def _result_json(result: TaskResult[Any, TaskError] | None) -> Any:
+    if result is None:
+        return None
+    err = result.err
+    if err is None:
+        return {"ok": _plain(result.ok)}
+    return {"err": {"code": str(err.code), "message": err.message, "data": _plain(err.data)}}
+
+
+def _plain(value: Any) -> Any:
+    """A decoded value in JSON's types; bytes as base64, and other values the codec
+    restores (datetime, UUID, Decimal, ...) as strings by _emit_json."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
+    return value
+
+
+# -- the workflow pass of tether recover ----------------------------------------------------
+
+
+@dataclasses.dataclass
+class WorkflowsReconciled:
+    dry_run: bool
+    steps: int  # settled (or, in a dry run, found stuck)
+    finished: list[str]  # workflows that ended (dry run: whose steps have all ended already)
+    workflows: list[dict[str, Any]]  # id, name, stuck_steps, status (afterwards) of each one touched
+
+    def json(self) -> dict[str, Any]:
+        return {"steps_settled": self.steps, "finished": self.finished, "workflows": self.workflows}
+
+    def table(self) -> Table:
+        title = (
+            "Workflows with stuck steps (dry run: nothing changed)"
+            if self.dry_run
+            else "Workflows reconciled"
+        )
+        return base._table(
+            title,
+            ["workflow", "name", "stuck steps", "status"],
+            [[w["id"], w["name"], w["stuck_steps"], _status(w["status"])] for w in self.workflows],
+        )
+
+    def summary(self) -> str:
+        if self.dry_run:
+            with_stuck = sum(1 for w in self.workflows if w["stuck_steps"])
+            line = f"{self.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
+            if self.finished:
+                line += f", {len(self.finished)} workflow(s) whose steps have all ended would be finished"
+            return line
+        return (
+            f"{self.steps} stuck workflow step(s) were settled, "
+            f"{len(self.finished)} workflow(s) were finished"
+        )
+
+
+def reconcile_workflows(conn: psycopg.Connection[dict[str, Any]], *, dry_run: bool) -> WorkflowsReconciled:
+    """After the task pass: settle steps whose task has ended and finish what is done (the
+    reaper's reconciliation). A dry run only finds them."""
+    stuck = workflow_recovery.find_stuck(conn, REPORT_LIMIT)
+    unfinished = workflow_recovery.find_unfinished(conn, REPORT_LIMIT)
+    ids = list(dict.fromkeys([*stuck, *unfinished]))
+    before = _statuses(conn, ids)
+    if dry_run:
+        steps, after = sum(map(len, stuck.values())), before
+        # (find_unfinished may also name CANCELLED ones with step tasks left to cancel.)
+        finished = [str(w) for w in unfinished if w in before and _is_open(before[w])]
+    else:
+        done = workflow_recovery.recover_now(conn)
+        steps, after = done.steps, _statuses(conn, ids)
+        ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
+        finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))
+    workflows = [
+        {
+            "id": str(w),
+            "name": after[w]["name"],
+            "stuck_steps": len(stuck.get(w, ())),
+            "status": after[w]["status"],
+        }
+        for w in ids
+        if w in after
+    ]
+    return WorkflowsReconciled(dry_run, steps, finished, workflows)
+
+
+def _is_open(row: dict[str, Any]) -> bool:
+    return not WorkflowStatus(row["status"]).is_terminal
+
+
+def _statuses(conn: psycopg.Connection[dict[str, Any]], ids: list[Any]) -> dict[Any, dict[str, Any]]:
+    if not ids:
+        return {}
+    rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
+    return {r["id"]: r for r in rows}
+
+
+__all__ = ["info_json", "reconcile_workflows", "steps_tree", "workflow", "workflows"]

@@ -1,0 +1,121 @@
+"""Workflow recovery: steps whose task ended while the step did not, and workflows left open.
+
+The reaper runs ``reconcile`` after its task rules in every tick, so a step
+whose task it has just failed is settled (and its dependents enqueued) in the
+same tick; ``recover_stuck_workflows`` runs the same pass on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from tether.broker.queries import q
+from tether.workflow import engine
+
+if TYPE_CHECKING:
+    from tether.app import Tether
+
+log = logging.getLogger("tether.workflow.recovery")
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+BATCH = 500
+
+
+@dataclass
+class WorkflowsRecovered:
+    steps: int = 0  # steps settled from their ended task
+    finished: list[str] = field(default_factory=list)  # workflows finished by the safety net
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.steps or self.finished)
+
+
+def find_stuck(conn: Conn, limit: int = BATCH) -> dict[Any, list[Any]]:
+    """Steps still ENQUEUED whose task has ended, by workflow."""
+    found: dict[Any, list[Any]] = defaultdict(list)
+    for row in conn.execute(q("stuck_steps"), {"limit": limit}).fetchall():
+        found[row["workflow_id"]].append(row["task_id"])
+    return dict(found)
+
+
+def find_unfinished(conn: Conn, limit: int = BATCH) -> list[Any]:
+    """Open workflows whose steps have all ended, and CANCELLED ones with step tasks left to cancel."""
+    open_done = [r["id"] for r in conn.execute(q("unfinished_workflows"), {"limit": limit}).fetchall()]
+    leftovers = [
+        r["workflow_id"] for r in conn.execute(q("cancelled_leftovers"), {"limit": limit}).fetchall()
+    ]
+    return open_done + leftovers
+
+
+def reconcile(conn: Conn, stuck: dict[Any, list[Any]], unfinished: list[Any]) -> WorkflowsRecovered:
+    """Run the normal completion path for stuck steps, then finish what is left open.
+
+    One transaction per workflow (each locks its workflow row first).
+    """
+    done = WorkflowsRecovered()
+    for workflow_id, task_ids in stuck.items():
+        advanced = engine.advance(conn, workflow_id, task_ids)
+        if advanced.settled:
+            done.steps += len(advanced.settled)
+            log.warning(
+                "workflow %s: settled %d step(s) whose task had ended without advancing the workflow "
+                "(the process that ended it died, or the task was ended outside a worker); "
+                "workflow now %s, %d dependent step(s) enqueued",
+                workflow_id,
+                len(advanced.settled),
+                advanced.status,
+                advanced.enqueued,
+            )
+    for workflow_id in unfinished:
+        cancelled = engine.cancel_leftovers(conn, workflow_id)
+        if cancelled:
+            done.steps += cancelled
+            log.warning(
+                "workflow %s is cancelled: cancelled %d step task(s) that were to run again (a retry "
+                "scheduled after the cancel)",
+                workflow_id,
+                cancelled,
+            )
+            continue
+        status = engine.finalize(conn, workflow_id)
+        if status in ("COMPLETED", "FAILED"):
+            done.finished.append(str(workflow_id))
+            log.warning("workflow %s: all steps had ended; finished it %s", workflow_id, status)
+    return done
+
+
+def recover_now(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
+    """One reconciliation pass (what the reaper does each tick), until nothing is left."""
+    total = WorkflowsRecovered()
+    while True:
+        stuck = find_stuck(conn, limit)
+        unfinished = find_unfinished(conn, limit)
+        done = reconcile(conn, stuck, unfinished)
+        total.steps += done.steps
+        total.finished += done.finished
+        if not done.acted or sum(map(len, stuck.values())) + len(unfinished) < limit:
+            return total
+
+
+def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
+    """Settle steps whose task ended without advancing its workflow, and finish what is done.
+
+    The reaper does this every tick; call it by hand after an outage, or from a
+    maintenance job when no worker runs. Safe to run at any time, anywhere:
+    every step is settled at most once.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    return app.broker.run(lambda conn: recover_now(conn, limit))
+
+
+async def recover_stuck_workflows_async(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
+    return await asyncio.to_thread(recover_stuck_workflows, app, limit)
