@@ -17,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether import __version__, outcomes
 from tether.app import Tether
+from tether.broker.broker import check_if_idle_async, mark_returned_async
 from tether.broker.queries import q
 from tether.config import WorkerConfig
 from tether.db.connection import worker_session_options
@@ -31,6 +32,8 @@ from tether.worker.reaper import Reaper, reaper_loop
 from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.waiting import WaitRegistration
+from tether.worker.wakeups import Wakeups
 
 log = logging.getLogger("tether.worker")
 
@@ -57,9 +60,7 @@ class Worker:
         self.inflight: dict[str, TaskPayload] = {}  # claimed by us and not yet recorded
         self.stopping = False
         self.stopped = asyncio.Event()
-        self._wake = asyncio.Event()
-        self._maybe_more = True
-        self._timer: asyncio.TimerHandle | None = None
+        self.wakeups = Wakeups(self.config.poll_interval_ms / 1000)
         self._background: list[asyncio.Task[Any]] = []
         self._signals = 0
         self.supervisor: Supervisor | None = None
@@ -67,6 +68,7 @@ class Worker:
         self.recorder: Recorder | None = None
         self.reaper: Reaper | None = None
         self.heartbeat: HeartbeatWriter | None = None
+        self.waiting: WaitRegistration | None = None
         self.fenced = False
         # Names this worker cannot run but another live worker can: not claimed for a while.
         self._skip_names: dict[str, float] = {}
@@ -97,9 +99,11 @@ class Worker:
             timeout=bcfg.connect_timeout_s,
             name="tether-worker",
             open=False,
-            check=AsyncConnectionPool.check_connection,
+            check=check_if_idle_async,
+            reset=mark_returned_async,
         )
         await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
+        self.waiting = WaitRegistration(self.pool, self.worker_id, self.queues)
         session = worker_session_options(self.app.config.recovery)
         self.recorder = Recorder(
             url, self.worker_id, connect_timeout=max(1, round(bcfg.connect_timeout_s)), session=session
@@ -144,7 +148,7 @@ class Worker:
         self.supervisor.start(loop)
         self._background = [
             asyncio.create_task(
-                listen_for_work(url, bcfg, set(self.queues), self._on_work, self._on_listening)
+                listen_for_work(url, bcfg, set(self.queues), self.wakeups.on_notification, self._on_listening)
             ),
             asyncio.create_task(heartbeat_loop(self, self.heartbeat)),
             asyncio.create_task(fence_watch(self, self.heartbeat)),
@@ -166,11 +170,11 @@ class Worker:
                 self.config.grace_period_s,
             )
             self.stopping = True
-            self._wake.set()
+            self.wakeups.poke()
         else:
             log.warning("worker %s: second stop request, stopping now", self.worker_id)
             self.stopped.set()
-            self._wake.set()
+            self.wakeups.poke()
 
     async def _drain(self) -> None:
         """Give claimed-but-unstarted tasks back and let running ones finish within the grace period."""
@@ -218,8 +222,7 @@ class Worker:
         await asyncio.gather(*self._background, return_exceptions=True)
         if self.supervisor is not None:
             await self._kill_children()
-        if self._timer is not None:
-            self._timer.cancel()
+        self.wakeups.close()
         try:
             await self._execute("stop_worker", {"id": self.worker_id})
         except psycopg.Error as exc:
@@ -244,8 +247,9 @@ class Worker:
             # is free and claim it in one statement (one commit per batch, not per task);
             # with nothing waiting, claim at once whatever fits.
             enough = 1 if not self.buffer else max(1, self.capacity // 2)
-            if free >= enough and self._maybe_more and not self.fenced:
+            if free >= enough and self.wakeups.maybe_more and not self.fenced:
                 limit = min(free, self.config.claim_batch_size)
+                told = self.wakeups.before_claim()
                 try:
                     rows = await self._fetch(
                         "claim_tasks",
@@ -258,22 +262,18 @@ class Worker:
                     )
                     backoff = 0.1
                 except psycopg.Error as exc:
+                    self.wakeups.claim_failed()
                     log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                if len(rows) < limit:
-                    self._maybe_more = False
+                self.wakeups.after_claim(len(rows), limit, told)
                 await self._accept([TaskPayload.from_row(r) for r in rows])
+                assert self.waiting is not None
+                if await self.waiting.after_claim(len(rows), limit):
+                    self.wakeups.work_may_wait()  # just registered: look once more (see waiting.py)
                 continue
-            await self._sleep_until_woken()
-
-    async def _sleep_until_woken(self) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), self.config.poll_interval_ms / 1000)
-        except TimeoutError:
-            self._maybe_more = True  # the fallback: nothing depends on a notification arriving
-        self._wake.clear()
+            await self.wakeups.sleep()
 
     async def _accept(self, claimed: list[TaskPayload]) -> None:
         unknown = []
@@ -344,8 +344,7 @@ class Worker:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(slot.process.pid or 0, signal.SIGCONT)
                     resumed += 1
-        self._maybe_more = True
-        self._wake.set()
+        self.wakeups.work_may_wait()
         log.warning(
             "worker %s: heartbeats get through again; %d child(ren) resumed, %d killed "
             "(their tasks were recovered elsewhere); claiming resumes",
@@ -398,27 +397,12 @@ class Worker:
                     slot.next = None
                     self.buffer.appendleft(task)
 
-    def _on_work(self, due_in: float | None) -> None:
-        if due_in is None or due_in <= 0.005:
-            self._maybe_more = True
-            self._wake.set()
-            return
-        loop = asyncio.get_running_loop()
-        when = loop.time() + due_in
-        if self._timer is None or self._timer.when() > when:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._maybe_more = True
-        self._wake.set()
-
     def _on_listening(self) -> None:
-        # Notifications sent while the listener was down are lost: look once.
-        self._maybe_more = True
-        self._wake.set()
+        # Notifications sent while the listener was down are lost: look once, and
+        # register as waiting again (the reaper may have removed the row meanwhile).
+        if self.waiting is not None:
+            self.waiting.forget()
+        self.wakeups.work_may_wait()
 
     # -- children --------------------------------------------------------------------
 
@@ -464,7 +448,7 @@ class Worker:
             if self.stopping and slot.current is None:
                 self.supervisor.send(slot, protocol.STOP)
         self._dispatch()
-        self._wake.set()  # a slot may have freed up
+        self.wakeups.poke()  # a slot may have freed up
 
     def _on_child_exit(self, slot: ChildSlot, code: int | None) -> None:
         held = slot.held()
@@ -496,7 +480,7 @@ class Worker:
                 verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             self.inflight.pop(task.id, None)
             log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
-        self._wake.set()
+        self.wakeups.poke()
 
     def _record_crash_sync(self, task: TaskPayload) -> str:
         assert self.recorder is not None

@@ -81,6 +81,9 @@ WITH stale AS (
     ORDER BY last_heartbeat_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), no_longer_waiting AS (
+    -- A dead worker waits for nothing: sends stop notifying for it.
+    DELETE FROM tether_queue_waiters WHERE worker_id IN (SELECT id FROM stale)
 )
 UPDATE tether_workers w
 SET status = 'inactive', inactive_at = now(), updated_at = now()
@@ -90,6 +93,9 @@ RETURNING w.id, w.hostname, w.pid, extract(epoch FROM now() - w.last_heartbeat_a
 
 -- name: deactivate_worker
 -- A worker found gone (its process no longer exists): no waiting for staleness.
+WITH no_longer_waiting AS (
+    DELETE FROM tether_queue_waiters WHERE worker_id = %(id)s
+)
 UPDATE tether_workers SET status = 'inactive', inactive_at = now(), updated_at = now()
 WHERE id = %(id)s AND status = 'active'
 RETURNING id;

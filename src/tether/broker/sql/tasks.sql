@@ -1,6 +1,10 @@
 -- Producer-side statements: enqueue, read, cancel, wait.
--- Every enqueue NOTIFYs 'tether_work' once per queue per statement with the
--- earliest run_at, so idle workers wake now (or set a timer for later).
+-- An enqueue NOTIFYs 'tether_work' (once per queue per statement, with the
+-- earliest run_at, so a worker wakes now or sets a timer) when its tasks are
+-- due later, or when a worker waits for that queue (tether_work_is_awaited,
+-- migration 0005). Otherwise nobody needs telling: every worker of the queue
+-- is busy and claims again when a slot frees. Skipping the NOTIFY lets
+-- concurrent sends share WAL flushes (NOTIFY serialises commits).
 
 -- name: insert_task
 WITH ins AS (
@@ -11,7 +15,8 @@ WITH ins AS (
             now() + %(delay)s::interval, now() + %(delay)s::interval)
     RETURNING queue, run_at
 )
-SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins;
+SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins
+WHERE run_at > now() OR tether_work_is_awaited(queue);
 
 -- name: insert_tasks
 -- send_many: one statement for the whole batch. The per-task columns arrive as
@@ -31,7 +36,8 @@ WITH ins AS (
     RETURNING queue, run_at
 )
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
-FROM ins GROUP BY queue;
+FROM ins GROUP BY queue
+HAVING min(run_at) > now() OR tether_work_is_awaited(queue);
 
 -- name: get_task
 SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,

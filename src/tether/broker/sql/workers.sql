@@ -20,6 +20,9 @@ WHERE id = %(id)s AND status <> 'stopped'
 RETURNING id;
 
 -- name: stop_worker
+WITH no_longer_waiting AS (
+    DELETE FROM tether_queue_waiters WHERE worker_id = %(id)s
+)
 UPDATE tether_workers SET status = 'stopped', stopped_at = now(), updated_at = now()
 WHERE id = %(id)s;
 

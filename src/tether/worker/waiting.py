@@ -1,0 +1,89 @@
+"""Tell senders whether this worker waits for new work, so that only then do they NOTIFY.
+
+A send notifies its queue only when a worker is registered as waiting for it
+(``tether_queue_waiters``, migration 0005): NOTIFY serialises commits across the
+whole database, and a busy worker does not need it, since it claims again as
+soon as a slot frees. So the worker registers when a claim finds its queues
+drained, and unregisters once its claims have kept filling every free slot for
+a while (a backlog it will work through without being told).
+
+Registering closes the lost-wakeup race: it takes each queue's advisory lock
+exclusively, which waits for sends in flight (they hold it shared until they
+commit) and holds new ones back until the registration is visible to them;
+then the worker claims once more, which sees every send that did not notify.
+Nothing depends on this for correctness: the claim loop's poll finds any task
+within ``poll_interval_ms`` in all cases.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from tether.broker.queries import q
+
+log = logging.getLogger("tether.worker.waiting")
+
+# How long claims must keep filling every free slot before the worker stops
+# asking to be notified: a burst shorter than this keeps the registration, so a
+# worker near saturation does not register and unregister for every task.
+BUSY_FOR_S = 1.0
+
+
+class WaitRegistration:
+    """This worker's row(s) in tether_queue_waiters, as far as it knows."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], worker_id: str, queues: list[str]) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.queues = sorted(set(queues))
+        self.registered = False
+        self._recheck = False
+        self._full_since: float | None = None
+
+    def forget(self) -> None:
+        """Register again at the next empty claim: the listener reconnected, and the rows may
+        have been removed meanwhile (the reaper does so for a worker it took for dead)."""
+        self._recheck = True
+
+    async def after_claim(self, claimed: int, limit: int) -> bool:
+        """Update the registration after a claim; True if the caller should claim once more."""
+        if claimed >= limit:
+            now = time.monotonic()
+            if self._full_since is None:
+                self._full_since = now
+            elif self.registered and now - self._full_since >= BUSY_FOR_S:
+                await self._unregister()
+            return False
+        self._full_since = None
+        if self.registered and not self._recheck:
+            return False
+        return await self._register()
+
+    async def _register(self) -> bool:
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                params = {"worker_id": self.worker_id, "queues": self.queues}
+                await conn.execute(q("lock_queues_for_waiting"), params)
+                await conn.execute(q("register_waiting"), params)
+        except psycopg.Error as exc:
+            # Not fatal: without the row, sends do not notify and the poll finds their tasks.
+            log.warning("could not register as waiting for work on %s (%s); polling", self.queues, exc)
+            return False
+        self.registered = True
+        self._recheck = False
+        return True
+
+    async def _unregister(self) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(q("unregister_waiting"), {"worker_id": self.worker_id})
+        except psycopg.Error as exc:
+            # Harmless: sends keep notifying a worker that is busy anyway.
+            log.warning("could not unregister as waiting for work (%s)", exc)
+            return
+        self.registered = False

@@ -1,0 +1,98 @@
+"""When the worker's claim loop looks for work again: notifications, timers, the poll.
+
+The claim loop claims while ``maybe_more`` says there may be work, and otherwise
+sleeps until woken. Sources of "there may be work": a notification for work due
+now, a timer for work due later, the listener (re)connecting, a claim that came
+back full, and the fallback poll, so that nothing depends on a notification
+arriving. A freed slot or a stop request only wakes the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+# A claim right after a notification that finds nothing looks once more this much later:
+# the new row may have been locked for a moment (a result waiter flags it with an UPDATE,
+# and the claim skips locked rows), and the next poll may be far away.
+RECHECK_AFTER_NOTIFY_S = 0.05
+
+# A notification for work due within this long counts as due now.
+DUE_NOW_S = 0.005
+
+
+class Wakeups:
+    def __init__(self, poll_interval_s: float) -> None:
+        self.poll_interval_s = poll_interval_s
+        self.maybe_more = True
+        self._event = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None  # the earliest delayed task
+        self._recheck: asyncio.TimerHandle | None = None
+        self._notes = 0  # notifications of work due now, counted...
+        self._notes_seen = 0  # ...and as of the last claim
+
+    # -- what wakes the loop ------------------------------------------------------
+
+    def poke(self) -> None:
+        """Wake the loop to look at its state again (a slot freed, a stop was asked for)."""
+        self._event.set()
+
+    def work_may_wait(self) -> None:
+        """Claim at the next turn whatever happens (the listener connected, claiming resumed)."""
+        self.maybe_more = True
+        self._event.set()
+
+    def on_notification(self, due_in: float | None) -> None:
+        """A tether_work notification for one of our queues; ``due_in``: seconds until its run_at."""
+        if due_in is None or due_in <= DUE_NOW_S:
+            self._notes += 1
+            self.work_may_wait()
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + due_in
+        if self._timer is None or self._timer.when() > when:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.work_may_wait()
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        self.work_may_wait()
+
+    # -- around a claim -----------------------------------------------------------
+
+    def before_claim(self) -> bool:
+        """Called as a claim starts; True if a notification came since the previous one.
+
+        ``maybe_more`` is cleared here, not after the claim: a notification arriving while
+        the claim runs (for a row it may not see) must still trigger the next one.
+        """
+        self.maybe_more = False
+        told = self._notes != self._notes_seen
+        self._notes_seen = self._notes
+        return told
+
+    def after_claim(self, claimed: int, limit: int, told: bool) -> None:
+        if claimed >= limit:
+            self.maybe_more = True  # there may be more than this claim could take
+        elif told and not claimed and self._recheck is None:
+            self._recheck = asyncio.get_running_loop().call_later(RECHECK_AFTER_NOTIFY_S, self._on_recheck)
+
+    def claim_failed(self) -> None:
+        self.maybe_more = True
+
+    async def sleep(self) -> None:
+        """Until woken, or until the poll interval has passed (then claim anyway)."""
+        try:
+            await asyncio.wait_for(self._event.wait(), self.poll_interval_s)
+        except TimeoutError:
+            self.maybe_more = True  # the fallback: nothing depends on a notification arriving
+        self._event.clear()
+
+    def close(self) -> None:
+        for timer in (self._timer, self._recheck):
+            if timer is not None:
+                timer.cancel()

@@ -1,0 +1,259 @@
+"""Sends NOTIFY only when a worker waits for their queue, and no wake-up is lost.
+
+A worker registers in tether_queue_waiters when a claim finds its queues drained, and
+unregisters after its claims have filled every free slot for a while. A send due now
+notifies only if its queue has a registered worker (migration 0005). The race between a
+registration and a send is closed by a per-queue advisory lock: both orderings are tested
+here with two real connections, each blocked on the other's lock as PostgreSQL reports it
+(pg_stat_activity), never with a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests.apps.support import connect, load_app_module
+from tests.conftest import WorkerFactory, wait_until
+from tether.broker.queries import q
+from tether.worker import waiting
+
+APP = "tests.apps.basic:app"
+
+
+@pytest.fixture
+def basic(database_url: str, db: psycopg.Connection[Any]) -> Any:
+    return load_app_module("basic", database_url)
+
+
+@pytest.fixture
+def listener(database_url: str, db: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("LISTEN tether_work")
+        yield conn
+
+
+def fake_worker(db: psycopg.Connection[Any], queues: list[str]) -> str:
+    """A registry row, so that waiter rows can point at it (no process behind it)."""
+    worker_id = f"test-{uuid.uuid4().hex[:8]}"
+    db.execute(
+        q("register_worker"),
+        {
+            "id": worker_id,
+            "hostname": "test-host",
+            "pid": 1,
+            "process_started_at": None,
+            "queues": queues,
+            "processes": 1,
+            "version": "test",
+            "task_names": [],
+            "host_key": None,
+        },
+    )
+    return worker_id
+
+
+def register(conn: psycopg.Connection[Any], worker_id: str, queues: list[str]) -> None:
+    """What a worker does when its claim finds nothing (tether.worker.waiting), in one transaction."""
+    with conn.transaction():
+        conn.execute(q("lock_queues_for_waiting"), {"queues": queues})
+        conn.execute(q("register_waiting"), {"worker_id": worker_id, "queues": queues})
+
+
+def waiters(db: psycopg.Connection[Any]) -> set[tuple[str, str]]:
+    rows = db.execute("SELECT queue, worker_id FROM tether_queue_waiters").fetchall()
+    return {(r["queue"], r["worker_id"]) for r in rows}
+
+
+def notified_queues(listener: psycopg.Connection[Any], db: psycopg.Connection[Any]) -> list[str]:
+    """The queues named by tether_work notifications so far, in commit order.
+
+    A sentinel notification, sent last, marks the end: everything committed before it has
+    been delivered before it, so no wait is needed to know that nothing else came.
+    """
+    db.execute("SELECT pg_notify('tether_work', 'end-of-test 0')")
+    seen: list[str] = []
+    for note in listener.notifies(timeout=10):
+        queue = note.payload.partition(" ")[0]
+        if queue == "end-of-test":
+            return seen
+        seen.append(queue)
+    raise AssertionError(f"the sentinel notification did not arrive within 10 s; got {seen}")
+
+
+def blocked_on_advisory_lock(db: psycopg.Connection[Any], pid: int) -> bool:
+    row = db.execute(
+        "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return row is not None and (row["wait_event_type"], row["wait_event"]) == ("Lock", "advisory")
+
+
+def test_a_send_notifies_only_a_queue_someone_waits_for(
+    basic: Any, db: psycopg.Connection[Any], listener: psycopg.Connection[Any]
+) -> None:
+    basic.noop.with_options(queue="images").send()  # nobody waits: no notification
+    worker_id = fake_worker(db, ["default"])
+    register(db, worker_id, ["default"])
+    basic.noop.with_options(queue="images").send()  # still nobody waits on images
+    basic.noop.send_many([(), ()])  # default: one notification for the batch
+    basic.noop.send()
+    assert notified_queues(listener, db) == ["default", "default"]
+
+    db.execute(q("unregister_waiting"), {"worker_id": worker_id})
+    basic.noop.send()  # nobody waits any more
+    basic.noop.with_options(queue="images").schedule(timedelta(seconds=30))  # due later: always told
+    assert notified_queues(listener, db) == ["images"]  # a worker sets a timer for it
+    pending = db.execute("SELECT count(*) AS n FROM tether_tasks WHERE status = 'PENDING'").fetchone()
+    assert pending is not None and pending["n"] == 7  # skipping the notification lost no task
+
+
+def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
+    basic: Any, database_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """Send first: the worker's registration waits for it, so its next claim sees the task."""
+    worker_id = fake_worker(db, ["default"])
+    with connect(database_url) as sender, connect(database_url) as registrar:
+        sender.execute("BEGIN")
+        params = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        sender.execute(q("insert_task"), params).fetchall()  # no waiter yet: no notification
+        thread = threading.Thread(target=register, args=(registrar, worker_id, ["default"]))
+        thread.start()
+        try:
+            wait_until(
+                lambda: blocked_on_advisory_lock(db, registrar.info.backend_pid),
+                message="the registration to wait for the send's lock",
+            )
+            assert waiters(db) == set()
+        finally:
+            sender.execute("COMMIT")
+            thread.join(timeout=30)
+        assert waiters(db) == {("default", worker_id)}
+        claimed = registrar.execute(
+            q("claim_tasks"),
+            {"queues": ["default"], "limit": 10, "worker_id": worker_id, "skip_names": []},
+        ).fetchall()
+    assert [r["id"] for r in claimed] == [params["id"]]
+
+
+def test_a_registration_in_flight_makes_a_send_wait_and_then_notify(
+    basic: Any, database_url: str, db: psycopg.Connection[Any], listener: psycopg.Connection[Any]
+) -> None:
+    """Register first: a send that meets the lock waits, then sees the worker and notifies."""
+    worker_id = fake_worker(db, ["default"])
+    with connect(database_url) as registrar, connect(database_url) as sender:
+        registrar.execute("BEGIN")
+        registrar.execute(q("lock_queues_for_waiting"), {"queues": ["default"]})
+        registrar.execute(q("register_waiting"), {"worker_id": worker_id, "queues": ["default"]})
+        params = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        thread = threading.Thread(target=lambda: sender.execute(q("insert_task"), params).fetchall())
+        thread.start()
+        try:
+            wait_until(
+                lambda: blocked_on_advisory_lock(db, sender.info.backend_pid),
+                message="the send to wait for the registration's lock",
+            )
+        finally:
+            registrar.execute("COMMIT")
+            thread.join(timeout=30)
+    assert notified_queues(listener, db) == ["default"]
+
+
+def test_a_worker_found_dead_or_stopped_waits_for_nothing(db: psycopg.Connection[Any]) -> None:
+    gone, silent, stopped = (fake_worker(db, ["default"]) for _ in range(3))
+    for worker_id in (gone, silent, stopped):
+        register(db, worker_id, ["default", "images"])
+    db.execute(q("deactivate_worker"), {"id": gone})
+    db.execute(
+        "UPDATE tether_workers SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s", (silent,)
+    )
+    db.execute(q("deactivate_stale_workers"), {"threshold": timedelta(minutes=5), "limit": 10})
+    assert {w for _, w in waiters(db)} == {stopped}
+    db.execute(q("stop_worker"), {"id": stopped})
+    assert waiters(db) == set()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_waits_when_idle_and_stops_waiting_through_a_backlog(
+    basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    # No fallback poll within the test's time: only a notification or a freed slot wakes it.
+    worker = workers.start(
+        APP,
+        "--queues",
+        "default,images",
+        "--processes",
+        "1",
+        env={"TETHER_WORKER_POLL_INTERVAL_MS": "60000"},
+    )
+    wid = worker.worker_id
+    assert wid is not None
+    both = {("default", wid), ("images", wid)}
+    wait_until(lambda: waiters(db) == both, message="the idle worker to register for its queues")
+
+    # ~4 s of work for one process: its claims fill every free slot for longer than a
+    # second, so it stops asking to be told about new work...
+    handles = basic.sleep.send_many([(0.02,)] * 200)
+    wait_until(lambda: waiters(db) == set(), timeout=30, message="the busy worker to unregister")
+    # ...and finds the tasks sent meanwhile all the same, then waits again once drained.
+    handles += [basic.sleep.send(0.02) for _ in range(5)]
+    ids = [h.id for h in handles]
+
+    def all_done() -> bool:
+        row = db.execute(
+            "SELECT count(*) AS n FROM tether_tasks WHERE id = ANY(%s) AND status = 'COMPLETED'", (ids,)
+        ).fetchone()
+        return row is not None and row["n"] == len(ids)
+
+    wait_until(all_done, timeout=60, message="every task to complete")
+    wait_until(lambda: waiters(db) == both, message="the drained worker to register again")
+    assert basic.noop.send().get(timeout=30).is_ok  # told: the poll would take 60 s
+    assert worker.stop() == 0, worker.log()
+    assert waiters(db) == set()
+
+
+async def test_a_registration_survives_a_listener_reconnect_in_both_directions(
+    database_url: str, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own bookkeeping, on a real pool: after its listener reconnects it registers
+    again at the next empty claim (the reaper may have removed its rows meanwhile), and a
+    reconnect during a backlog does not keep it from unregistering."""
+    monkeypatch.setattr(waiting, "BUSY_FOR_S", 0.0)  # "busy for a while" = two full claims
+    worker_id = fake_worker(db, ["default", "images"])
+    both = {("default", worker_id), ("images", worker_id)}
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=1, open=False) as pool:
+        registration = waiting.WaitRegistration(pool, worker_id, ["images", "default"])
+        assert await registration.after_claim(0, 4) is True  # drained: registered, claim again
+        assert waiters(db) == both
+        assert await registration.after_claim(1, 4) is False  # still drained: nothing to write
+
+        db.execute(q("deactivate_worker"), {"id": worker_id})  # taken for dead meanwhile
+        assert waiters(db) == set()
+        registration.forget()  # the listener reconnected
+        assert await registration.after_claim(0, 4) is True
+        assert waiters(db) == both
+
+        registration.forget()  # reconnected again, now in the middle of a backlog
+        for _ in range(2):
+            assert await registration.after_claim(4, 4) is False
+        assert waiters(db) == set()
+
+
+@pytest.mark.timeout(120)
+def test_send_then_get_at_once_is_picked_up_without_waiting_for_the_poll(
+    basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    """get() flags the new row for a notification with an UPDATE, which locks it for a moment;
+    a claim running just then skips it. The worker must look again soon, not at the next poll."""
+    worker = workers.start(APP, "--processes", "1", env={"TETHER_WORKER_POLL_INTERVAL_MS": "60000"})
+    wait_until(lambda: waiters(db), message="the idle worker to register")
+    for i in range(30):
+        result = basic.add.send(i, 1).get(timeout=10)
+        assert result.ok == i + 1, f"send {i}: {result}"
+    assert worker.stop() == 0, worker.log()
