@@ -125,6 +125,9 @@ def test_a_killed_worker_s_step_fails_its_dependents_skip_and_other_branches_com
     handle = flows.app.workflow("kill-worker", [slow, after, after2, side, side_next]).start()
     slow_pid = wait_step_running(db, handle, "slow", t_slow, a)
     b = workers.start(APP, "--queues", "default,other", "--processes", "2", env=FAST)
+    # B's start-up looks for dead workers on this host once: past it, only B's reaper
+    # (staleness) can find A's crash, which is the path this test is about.
+    wait_until(lambda: "started: queues=" in b.log(), timeout=30, message="B to finish its startup")
 
     killed_at = db_now(db)
     a.kill()  # SIGKILL to A's process group: nothing of A is left to record or advance
