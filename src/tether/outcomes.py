@@ -8,6 +8,7 @@ silent), so every path applies the same retry rules and writes the same rows.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -96,10 +97,22 @@ class Fence:
 
 
 def outcome_statement(
-    fence: Fence, outcome: Outcome, *, hostname: str | None, pid: int | None
+    fence: Fence,
+    outcome: Outcome,
+    *,
+    hostname: str | None,
+    pid: int | None,
+    start_next: tuple[str, int] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The named statement and parameters that record ``outcome`` under ``fence``."""
+    """The named statement and parameters that record ``outcome`` under ``fence``.
+
+    ``start_next`` = (task id, attempt) of a task this worker claimed, to be marked
+    RUNNING by the same statement. The statement returns one row: recorded, next_started.
+    """
+    next_id, next_attempt = start_next if start_next is not None else (None, None)
     params: dict[str, Any] = {
+        "next_id": next_id,
+        "next_attempt": next_attempt,
         "id": fence.task_id,
         "attempt": fence.attempt,
         "worker_id": fence.worker_id,
@@ -115,3 +128,8 @@ def outcome_statement(
         return "retry_task", params
     params["status"] = outcome.status
     return "finish_task", params
+
+
+def was_recorded(row: Mapping[str, Any] | None) -> bool:
+    """Did an outcome statement's fenced write match (its one row says so)?"""
+    return bool(row and row["recorded"])

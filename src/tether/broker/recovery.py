@@ -122,7 +122,7 @@ def recover_stale_running(
             outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
             fence = outcomes.Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
             name, params = outcomes.outcome_statement(fence, outcome, hostname=None, pid=None)
-            if not conn.execute(q(name), params).fetchall():
+            if not outcomes.was_recorded(conn.execute(q(name), params).fetchone()):
                 continue  # settled by its own worker in the meantime: nothing to do
             row = {**row, "retry_delay_s": outcome.retry_delay_s}
             (retried if outcome.will_retry else failed).append(row)

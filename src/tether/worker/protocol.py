@@ -7,7 +7,7 @@ JSON text read from the row: the main process never decodes them.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -52,10 +52,16 @@ NEXT = "next"  # {"id"}: finished running this task's code; asks for the next be
 DONE = "done"  # {"id", "status", "started": next id | None}: outcome recorded (or lost)
 
 
-def send(conn: Connection, op: str, **fields: Any) -> None:
-    if "task" in fields and isinstance(fields["task"], TaskPayload):
-        fields["task"] = asdict(fields["task"])
-    conn.send_bytes(json.dumps({"op": op, **fields}).encode())
+# Field names, read once: dataclasses.asdict() copies recursively, which showed in the
+# main process's profile at one call per task.
+_PAYLOAD_FIELDS = tuple(f.name for f in fields(TaskPayload))
+
+
+def send(conn: Connection, op: str, **items: Any) -> None:
+    task = items.get("task")
+    if isinstance(task, TaskPayload):
+        items["task"] = {name: getattr(task, name) for name in _PAYLOAD_FIELDS}
+    conn.send_bytes(json.dumps({"op": op, **items}).encode())
 
 
 def recv(conn: Connection) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 
 from tether.broker.queries import q
 from tether.db.connection import TCP_SETTINGS
-from tether.outcomes import Fence, Outcome, outcome_statement
+from tether.outcomes import Fence, Outcome, outcome_statement, was_recorded
 from tether.worker.protocol import TaskPayload
 from tether.workflow import engine
 
@@ -121,18 +121,18 @@ class Recorder:
         Returns (outcome recorded, next started or None when there was no next).
         """
         name, params = outcome_statement(
-            self.fence(task, "RUNNING"), outcome, hostname=self.hostname, pid=self.pid
+            self.fence(task, "RUNNING"),
+            outcome,
+            hostname=self.hostname,
+            pid=self.pid,
+            start_next=None if next_task is None else (next_task.id, next_task.attempt),
         )
 
         def work(c: psycopg.Connection[Row]) -> tuple[bool, bool | None]:
-            if next_task is None:
-                return bool(c.execute(q(name), params).fetchall()), None
-            start = {"id": next_task.id, "attempt": next_task.attempt, "worker_id": self.worker_id}
-            # Pipeline mode: BEGIN, both statements and COMMIT travel in one round trip.
-            with c.pipeline(), c.transaction():
-                record_cur = c.execute(q(name), params)
-                start_cur = c.execute(q("start_task"), start)
-            return bool(record_cur.fetchall()), bool(start_cur.fetchall())
+            # One statement in autocommit: the outcome, its attempt row and the next
+            # task's start commit together, in one round trip.
+            row = c.execute(q(name), params).fetchone()
+            return was_recorded(row), None if next_task is None else bool(row and row["next_started"])
 
         (recorded, started), retried = self._with_retry(f"recording task {task.id}", work)
         if not recorded:
@@ -148,10 +148,10 @@ class Recorder:
         name, params = outcome_statement(
             self.fence(task, expect), outcome, hostname=self.hostname, pid=self.pid
         )
-        rows, retried = self._with_retry(
-            f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchall()
+        row, retried = self._with_retry(
+            f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchone()
         )
-        recorded = bool(rows) or (
+        recorded = was_recorded(row) or (
             retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
         )
         if recorded:

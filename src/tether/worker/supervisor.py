@@ -11,6 +11,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,12 @@ class ChildSlot:
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
     next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
     extra: dict[str, Any] = field(default_factory=dict)
+    # Made once: Connection.poll() builds a new selector on every call, which showed in the
+    # main process's profile (several polls per task).
+    poller: select.poll = field(default_factory=select.poll)
+
+    def has_message(self) -> bool:
+        return bool(self.poller.poll(0))
 
     @property
     def pid(self) -> int | None:
@@ -109,6 +116,7 @@ class Supervisor:
         process.start()
         child_end.close()
         slot = ChildSlot(index, process, parent_end)
+        slot.poller.register(parent_end.fileno(), select.POLLIN)
         self.slots[index] = slot
         self._loop.add_reader(parent_end.fileno(), self._readable, slot)
         self._loop.add_reader(process.sentinel, self._exited, slot)
@@ -117,7 +125,7 @@ class Supervisor:
 
     def _readable(self, slot: ChildSlot) -> None:
         try:
-            while slot.conn.poll():
+            while slot.has_message():
                 msg = protocol.recv(slot.conn)
                 self.on_message(slot, msg)
         except (EOFError, OSError):

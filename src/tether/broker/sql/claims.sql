@@ -36,7 +36,11 @@ WHERE id = %(id)s AND status = 'CLAIMED' AND attempt = %(attempt)s
 RETURNING id;
 
 -- name: finish_task
--- RUNNING -> COMPLETED or FAILED, with the attempt's row in the same statement.
+-- RUNNING -> COMPLETED or FAILED, with the attempt's row, in one statement.
+-- A child that already holds its next task starts it in the same statement
+-- (next_id NULL: nothing to start): one round trip and one commit per task,
+-- without a transaction block. One row always: recorded (this write matched),
+-- next_started.
 WITH done AS (
     UPDATE tether_tasks
     SET status = %(status)s, result = %(result)s::jsonb, error_code = %(error_code)s,
@@ -52,12 +56,21 @@ WITH done AS (
     SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, %(status)s,
            %(error_code)s, %(error_message)s
     FROM done
+), next_start AS (
+    UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()
+    WHERE id = %(next_id)s::uuid AND status = 'CLAIMED' AND attempt = %(next_attempt)s::int
+      AND claimed_by_worker_id = %(worker_id)s
+    RETURNING id
+), told AS (
+    SELECT pg_notify('tether_done', id::text) FROM done WHERE notify_on_done
 )
-SELECT id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM done;
+SELECT EXISTS (SELECT 1 FROM done) AS recorded, EXISTS (SELECT 1 FROM next_start) AS next_started,
+       (SELECT count(*) FROM told) AS notified;
 
 -- name: retry_task
--- A retryable failure with retries left: back to PENDING after the delay.
--- The self-join reads started_at as it was before this UPDATE clears it.
+-- A retryable failure with retries left: back to PENDING after the delay (and
+-- the next task started, as in finish_task). The self-join reads started_at as
+-- it was before this UPDATE clears it.
 WITH again AS (
     UPDATE tether_tasks t
     SET status = 'PENDING', retry_count = t.retry_count + 1, result = %(result)s::jsonb,
@@ -74,8 +87,16 @@ WITH again AS (
     SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, 'FAILED', true,
            %(error_code)s, %(error_message)s
     FROM again
+), next_start AS (
+    UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()
+    WHERE id = %(next_id)s::uuid AND status = 'CLAIMED' AND attempt = %(next_attempt)s::int
+      AND claimed_by_worker_id = %(worker_id)s
+    RETURNING id
+), told AS (
+    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM again
 )
-SELECT id, pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM again;
+SELECT EXISTS (SELECT 1 FROM again) AS recorded, EXISTS (SELECT 1 FROM next_start) AS next_started,
+       (SELECT count(*) FROM told) AS notified;
 
 -- name: release_claimed
 -- Graceful shutdown or a child that died before starting: the code never ran,
