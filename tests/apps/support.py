@@ -79,3 +79,27 @@ def db_now(conn: psycopg.Connection[Any]) -> Any:
     row = conn.execute("SELECT now() AS now").fetchone()
     assert row is not None
     return row["now"] if isinstance(row, dict) else row[0]
+
+
+def workflow_steps(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, dict[str, Any]]:
+    """A workflow's steps by name, each with its task's state beside it (None before it exists)."""
+    rows = conn.execute(
+        "SELECT s.*, t.status AS task_status, t.attempt, t.started_at, t.completed_at,"
+        " t.kwargs AS task_kwargs, t.queue AS task_queue, t.claimed_by_worker_id,"
+        " (SELECT count(*) FROM tether_task_attempts a WHERE a.task_id = s.task_id) AS attempts"
+        " FROM tether_workflow_tasks s LEFT JOIN tether_tasks t ON t.id = s.task_id"
+        " WHERE s.workflow_id = %s ORDER BY s.node",
+        (workflow_id,),
+    ).fetchall()
+    return {r["node_name"]: dict(r) for r in rows}
+
+
+def find_workflow(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, Any] | None:
+    row = conn.execute("SELECT * FROM tether_workflows WHERE id = %s", (workflow_id,)).fetchone()
+    return None if row is None else dict(row)
+
+
+def workflow_row(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, Any]:
+    row = find_workflow(conn, workflow_id)
+    assert row is not None, f"no workflow {workflow_id}"
+    return row

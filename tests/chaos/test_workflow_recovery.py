@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import ensure_ledger, load_app_module, runs, task_row
+from tests.apps.support import ensure_ledger, load_app_module, runs, task_row, workflow_row
+from tests.apps.support import workflow_steps as steps
 from tests.chaos.conftest import FAST, check_history, child_pids, db_now
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode
@@ -55,20 +56,8 @@ def token() -> str:
     return uuid.uuid4().hex
 
 
-def steps(conn: Conn, workflow_id: Any) -> dict[str, dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT s.*, t.status AS task_status, t.kwargs AS task_kwargs, t.claimed_by_worker_id"
-        " FROM tether_workflow_tasks s LEFT JOIN tether_tasks t ON t.id = s.task_id"
-        " WHERE s.workflow_id = %s ORDER BY s.node",
-        (workflow_id,),
-    ).fetchall()
-    return {r["node_name"]: dict(r) for r in rows}
 
 
-def workflow_row(conn: Conn, workflow_id: Any) -> dict[str, Any]:
-    row = conn.execute("SELECT * FROM tether_workflows WHERE id = %s", (workflow_id,)).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 def ledger_pids(conn: Conn, tok: str) -> list[int]:

@@ -22,6 +22,8 @@ import pytest
 
 import tether
 from tests.apps.support import ensure_ledger, load_app_module, task_row
+from tests.apps.support import find_workflow as workflow_row
+from tests.apps.support import workflow_steps as steps
 from tether.broker import recovery
 from tether.config import RecoveryConfig
 from tether.errors import WorkflowNotFoundError
@@ -43,19 +45,8 @@ def flows(database_url: str, db: Conn) -> Iterator[ModuleType]:
     yield load_app_module("flows", database_url)
 
 
-def steps(conn: Conn, workflow_id: Any) -> dict[str, dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT s.*, t.status AS task_status, t.kwargs AS task_kwargs, t.queue AS task_queue"
-        " FROM tether_workflow_tasks s LEFT JOIN tether_tasks t ON t.id = s.task_id"
-        " WHERE s.workflow_id = %s ORDER BY s.node",
-        (workflow_id,),
-    ).fetchall()
-    return {r["node_name"]: dict(r) for r in rows}
 
 
-def workflow_row(conn: Conn, workflow_id: Any) -> dict[str, Any] | None:
-    row = conn.execute("SELECT * FROM tether_workflows WHERE id = %s", (workflow_id,)).fetchone()
-    return None if row is None else dict(row)
 
 
 def end_task(

@@ -46,7 +46,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import connect, ensure_ledger, load_app_module, runs
+from tests.apps.support import connect, ensure_ledger, load_app_module, runs, workflow_row
+from tests.apps.support import workflow_steps as steps
 from tests.conftest import WorkerFactory, _with_dbname, clean_tables
 from tether import WorkflowStatus
 from tether.db.migrate import migrate
@@ -73,21 +74,8 @@ def flows(database_url: str, conn: psycopg.Connection[Any]) -> ModuleType:
     return load_app_module("flows", database_url)
 
 
-def steps(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT s.*, t.status AS task_status, t.attempt, t.started_at, t.completed_at,"
-        " (SELECT count(*) FROM tether_task_attempts a WHERE a.task_id = s.task_id) AS attempts"
-        " FROM tether_workflow_tasks s LEFT JOIN tether_tasks t ON t.id = s.task_id"
-        " WHERE s.workflow_id = %s ORDER BY s.node",
-        (workflow_id,),
-    ).fetchall()
-    return {r["node_name"]: dict(r) for r in rows}
 
 
-def workflow_row(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, Any]:
-    row = conn.execute("SELECT * FROM tether_workflows WHERE id = %s", (workflow_id,)).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 def ledger_counts(conn: psycopg.Connection[Any], prefix: str) -> dict[str, int]:

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import clean_connection, load_app_module, runs
+from tests.apps.support import clean_connection, load_app_module, runs, workflow_row
+from tests.apps.support import workflow_steps as steps
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, StepStatus, TaskStatus, WorkflowStatus
 
@@ -51,19 +52,8 @@ def token() -> str:
     return uuid.uuid4().hex
 
 
-def steps(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT s.*, t.status AS task_status FROM tether_workflow_tasks s"
-        " LEFT JOIN tether_tasks t ON t.id = s.task_id WHERE s.workflow_id = %s ORDER BY s.node",
-        (workflow_id,),
-    ).fetchall()
-    return {r["node_name"]: dict(r) for r in rows}
 
 
-def workflow_row(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, Any]:
-    row = conn.execute("SELECT * FROM tether_workflows WHERE id = %s", (workflow_id,)).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 # -- data flow -------------------------------------------------------------------------
