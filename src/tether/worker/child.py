@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -130,6 +131,9 @@ def child_main(
 
 
 def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: ParentGuard) -> None:
+    # Made once: Connection.poll() builds a new selector on every call (once per task here).
+    pushed = select.poll()
+    pushed.register(conn.fileno(), select.POLLIN)
     protocol.send(conn, protocol.READY)
     current: TaskPayload | None = None
     while True:
@@ -153,7 +157,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         finally:
             set_reporter(None)
         guard.disarm()
-        reply = _ask_next(conn, current)
+        reply = _ask_next(conn, pushed, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
         recorded, next_started = recorder.record(current, outcome, next_task)
         if not guard.parent_alive():
@@ -175,12 +179,12 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         current = next_task if next_started else None
 
 
-def _ask_next(conn: Connection, finished: TaskPayload) -> dict[str, Any]:
+def _ask_next(conn: Connection, pushed: select.poll, finished: TaskPayload) -> dict[str, Any]:
     """Ask for the next task before recording, so the outcome of this one and the start
     of the next share one transaction (one commit per task, not two). A parent gone
     in the meantime answers nothing: then record alone and stop."""
     try:
-        if conn.poll():  # the main process pushed the next task while this one ran
+        if pushed.poll(0):  # the main process pushed the next task while this one ran
             return protocol.recv(conn)
         protocol.send(conn, protocol.NEXT, id=finished.id)
         return protocol.recv(conn)
