@@ -22,10 +22,17 @@ WITH picked AS (
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 )
+-- The claim's commit does not wait for its WAL flush (synchronous_commit off for
+-- this statement's transaction only). Safe: if the server crashed before the flush,
+-- the claim is lost and the task is PENDING again, and no code can have run on it:
+-- the child's start is a fenced, durable commit, and its flush would have carried
+-- the claim too (the claim comes earlier in the log), so a start that succeeded
+-- implies a durable claim. What it saves: one fsync wait on every pickup.
 UPDATE tether_tasks t
 SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
     claimed_by_worker_id = %(worker_id)s
-FROM picked WHERE t.id = picked.id
+FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+WHERE t.id = picked.id
 RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
           t.max_retries, t.retry_policy::text, t.workflow_id;
 
