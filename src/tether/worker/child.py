@@ -10,11 +10,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import select
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
@@ -131,9 +131,7 @@ def child_main(
 
 
 def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: ParentGuard) -> None:
-    # Made once: Connection.poll() builds a new selector on every call (once per task here).
-    pushed = select.poll()
-    pushed.register(conn.fileno(), select.POLLIN)
+    pushed = protocol.message_waiting(conn)
     protocol.send(conn, protocol.READY)
     current: TaskPayload | None = None
     while True:
@@ -179,12 +177,12 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         current = next_task if next_started else None
 
 
-def _ask_next(conn: Connection, pushed: select.poll, finished: TaskPayload) -> dict[str, Any]:
+def _ask_next(conn: Connection, pushed: Callable[[], bool], finished: TaskPayload) -> dict[str, Any]:
     """Ask for the next task before recording, so the outcome of this one and the start
     of the next share one transaction (one commit per task, not two). A parent gone
     in the meantime answers nothing: then record alone and stop."""
     try:
-        if pushed.poll(0):  # the main process pushed the next task while this one ran
+        if pushed():  # the main process pushed the next task while this one ran
             return protocol.recv(conn)
         protocol.send(conn, protocol.NEXT, id=finished.id)
         return protocol.recv(conn)

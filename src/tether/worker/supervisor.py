@@ -11,7 +11,6 @@ import asyncio
 import logging
 import multiprocessing
 import os
-import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,12 +40,10 @@ class ChildSlot:
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
     next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
     extra: dict[str, Any] = field(default_factory=dict)
-    # Made once: Connection.poll() builds a new selector on every call, which showed in the
-    # main process's profile (several polls per task).
-    poller: select.poll = field(default_factory=select.poll)
+    has_message: Callable[[], bool] = field(init=False)
 
-    def has_message(self) -> bool:
-        return bool(self.poller.poll(0))
+    def __post_init__(self) -> None:
+        self.has_message = protocol.message_waiting(self.conn)
 
     @property
     def pid(self) -> int | None:
@@ -116,7 +113,6 @@ class Supervisor:
         process.start()
         child_end.close()
         slot = ChildSlot(index, process, parent_end)
-        slot.poller.register(parent_end.fileno(), select.POLLIN)
         self.slots[index] = slot
         self._loop.add_reader(parent_end.fileno(), self._readable, slot)
         self._loop.add_reader(process.sentinel, self._exited, slot)
