@@ -10,7 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from tether.broker import PostgresBroker
 from tether.config import AppConfig, RetryPolicy
-from tether.errors import TaskDefinitionError
+from tether.errors import InvalidOptionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
 from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue
@@ -84,6 +84,8 @@ class Tether:
         check_priority(options.priority)
         if options.good_until is not None:
             _check_good_until(options.good_until)
+        if options.durable is not None and not isinstance(options.durable, bool):
+            raise InvalidOptionError(f"durable must be True or False, got {options.durable!r}")
         return options
 
     def workflow(

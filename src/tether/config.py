@@ -151,6 +151,10 @@ class PostgresConfig(BaseSettings):
     pool_max_size: Int = Field(default=10, ge=1, le=200)
     connect_timeout_s: Float = Field(default=5.0, ge=0.1, le=300)
     application_name: str = "tether"
+    # False: a send's commit does not wait for the WAL flush (synchronous_commit=off for
+    # that transaction only). A database server crash can then lose the last moments of
+    # acknowledged sends; nothing else changes. See docs/configuration.md#durable-sends.
+    durable_sends: bool = True
 
     @field_validator("database_url", mode="before")
     @classmethod

@@ -49,6 +49,7 @@ class SendOptions:
     queue: str
     priority: int
     good_until: datetime | None
+    durable: bool | None = None  # None: the app's PostgresConfig.durable_sends
 
 
 class Task(Generic[P, R]):
@@ -89,13 +90,19 @@ class Task(Generic[P, R]):
     # -- sending --------------------------------------------------------------
 
     def with_options(
-        self, *, queue: str | None = None, priority: int | None = None, good_until: datetime | None = None
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        good_until: datetime | None = None,
+        durable: bool | None = None,
     ) -> BoundTask:
         """A view of this task that sends with other options; the task itself is unchanged."""
         opts = SendOptions(
             queue if queue is not None else self.options.queue,
             priority if priority is not None else self.options.priority,
             good_until if good_until is not None else self.options.good_until,
+            durable if durable is not None else self.options.durable,
         )
         return BoundTask(self, self.app.check_options(self.name, opts))
 
@@ -173,18 +180,19 @@ class BoundTask:
     def _params(
         self, task_id: Any, args_json: str, kwargs_json: str, delay: timedelta, good_until: datetime | None
     ) -> dict[str, Any]:
-        t = self.task
+        t, o = self.task, self.options
         return {
             "id": task_id,
             "name": t.name,
-            "queue": self.options.queue,
-            "priority": self.options.priority,
+            "queue": o.queue,
+            "priority": o.priority,
             "args": args_json,
             "kwargs": kwargs_json,
             "max_retries": t.retry_policy.max_retries if t.retry_policy else 0,
             "retry_policy": t._retry_json,
             "good_until": good_until,
             "delay": delay,
+            "durable": t.app.config.broker.durable_sends if o.durable is None else o.durable,
         }
 
     def _prepare(

@@ -113,6 +113,12 @@ def test_priority_out_of_range(basic: ModuleType, refused: Callable[..., str], p
     assert "priority" in message and repr(priority) in message and "-100 to 100" in message
 
 
+@pytest.mark.parametrize("durable", ["no", 0, 1, 1.0])
+def test_durable_must_be_a_bool(basic: ModuleType, refused: Callable[..., str], durable: Any) -> None:
+    message = refused(InvalidOptionError, basic.add.with_options, durable=durable)
+    assert "durable must be True or False" in message and repr(durable) in message
+
+
 def test_priority_limits_are_accepted(basic: ModuleType, db: psycopg.Connection[Any]) -> None:
     low = basic.add.with_options(priority=-100, queue="low").send(1, 1)
     high = basic.add.with_options(priority=100, queue="low").send(1, 1)

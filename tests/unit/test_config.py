@@ -196,6 +196,15 @@ def test_postgres_bounds(field: str, bad: float, good: float, others: dict[str, 
     _fails(PostgresConfig, field, **others, **_one(field, bad))
 
 
+def test_durable_sends_default_env_and_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PostgresConfig().durable_sends is True
+    assert PostgresConfig(durable_sends=False).durable_sends is False
+    monkeypatch.setenv("TETHER_DURABLE_SENDS", "false")
+    assert PostgresConfig().durable_sends is False
+    monkeypatch.setenv("TETHER_DURABLE_SENDS", "sometimes")
+    _fails(PostgresConfig, "durable_sends")
+
+
 def test_pool_max_must_cover_min() -> None:
     assert PostgresConfig(pool_min_size=5, pool_max_size=5).pool_max_size == 5
     _fails(PostgresConfig, "pool_max_size", pool_min_size=5, pool_max_size=4)

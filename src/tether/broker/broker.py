@@ -15,8 +15,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -90,7 +90,6 @@ class PostgresBroker:
                         max_size=self.config.pool_max_size,
                         kwargs=self._pool_kwargs(),
                         check=_check_if_idle,
-                        reset=_mark_returned,
                         timeout=self.config.connect_timeout_s,
                         name="tether",
                         open=True,
@@ -102,7 +101,7 @@ class PostgresBroker:
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Row]]:
         try:
-            with self.pool.connection() as conn:
+            with _pooled(self.pool) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise unreachable(self.url, exc) from exc
@@ -123,7 +122,7 @@ class PostgresBroker:
         # discarded on its way back, so at most pool_max_size of them can fail.
         for _ in range(self.config.pool_max_size + 1):
             try:
-                with self.pool.connection() as conn:
+                with _pooled(self.pool) as conn:
                     try:
                         return work(conn)
                     except psycopg.errors.UniqueViolation:
@@ -202,8 +201,17 @@ CHECK_IF_IDLE_S = 1.0
 _returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = weakref.WeakKeyDictionary()
 
 
-def _mark_returned(conn: psycopg.Connection[Any]) -> None:
-    _returned_at[conn] = time.monotonic()
+# The return time is noted here rather than in the pool's reset callback: with a
+# reset callback psycopg_pool hands every returned connection to a worker thread
+# (or, async, a task), which cost a send ~50 us and let the next send find no
+# connection back yet.
+@contextmanager
+def _pooled(pool: ConnectionPool[psycopg.Connection[Row]]) -> Iterator[psycopg.Connection[Row]]:
+    with pool.connection() as conn:
+        try:
+            yield conn
+        finally:
+            _returned_at[conn] = time.monotonic()
 
 
 def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
@@ -218,8 +226,16 @@ _returned_at_async: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], floa
 )
 
 
-async def mark_returned_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    _returned_at_async[conn] = time.monotonic()
+@asynccontextmanager
+async def pooled_async(
+    pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]],
+) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+    """A connection of the worker's async pool, checked first only if it sat idle (see _pooled)."""
+    async with pool.connection() as conn:
+        try:
+            yield conn
+        finally:
+            _returned_at_async[conn] = time.monotonic()
 
 
 async def check_if_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:

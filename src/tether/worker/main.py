@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether import __version__, outcomes
 from tether.app import Tether
-from tether.broker.broker import check_if_idle_async, mark_returned_async
+from tether.broker.broker import check_if_idle_async, pooled_async
 from tether.broker.queries import q
 from tether.config import WorkerConfig
 from tether.db.connection import worker_session_options
@@ -100,7 +100,6 @@ class Worker:
             name="tether-worker",
             open=False,
             check=check_if_idle_async,
-            reset=mark_returned_async,
         )
         await self.pool.open(wait=True, timeout=bcfg.connect_timeout_s)
         self.waiting = WaitRegistration(self.pool, self.worker_id, self.queues)
@@ -537,13 +536,13 @@ class Worker:
 
     async def _fetch(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         assert self.pool is not None
-        async with self.pool.connection() as conn:
+        async with pooled_async(self.pool) as conn:
             cur = await conn.execute(q(name), params)
             return await cur.fetchall()
 
     async def _execute(self, name: str, params: dict[str, Any]) -> None:
         assert self.pool is not None
-        async with self.pool.connection() as conn:
+        async with pooled_async(self.pool) as conn:
             await conn.execute(q(name), params)
 
 

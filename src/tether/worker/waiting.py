@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from tether.broker.broker import pooled_async
 from tether.broker.queries import q
 
 log = logging.getLogger("tether.worker.waiting")
@@ -66,7 +67,7 @@ class WaitRegistration:
 
     async def _register(self) -> bool:
         try:
-            async with self.pool.connection() as conn, conn.transaction():
+            async with pooled_async(self.pool) as conn, conn.transaction():
                 params = {"worker_id": self.worker_id, "queues": self.queues}
                 await conn.execute(q("lock_queues_for_waiting"), params)
                 await conn.execute(q("register_waiting"), params)
@@ -80,7 +81,7 @@ class WaitRegistration:
 
     async def _unregister(self) -> None:
         try:
-            async with self.pool.connection() as conn:
+            async with pooled_async(self.pool) as conn:
                 await conn.execute(q("unregister_waiting"), {"worker_id": self.worker_id})
         except psycopg.Error as exc:
             # Harmless: sends keep notifying a worker that is busy anyway.

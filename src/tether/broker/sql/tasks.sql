@@ -7,12 +7,20 @@
 -- concurrent sends share WAL flushes (NOTIFY serialises commits).
 
 -- name: insert_task
+-- durable false (PostgresConfig.durable_sends / with_options(durable=False)): this
+-- transaction's commit does not wait for its WAL flush. The setting is made in the
+-- INSERT's own source row, so it happens whether or not anyone is notified; a durable
+-- send leaves the session's synchronous_commit (the server's or the user's) untouched.
+-- No code can run on a task whose insert is later lost in a server crash: a child's
+-- start is a durable commit, and its flush carries the earlier insert.
 WITH ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
                               retry_policy, good_until, run_at, enqueued_at)
-    VALUES (%(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
-            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-            now() + %(delay)s::interval, now() + %(delay)s::interval)
+    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+           %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
+           now() + %(delay)s::interval, now() + %(delay)s::interval
+    FROM (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
+         AS commit_mode
     RETURNING queue, run_at
 )
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins
@@ -32,7 +40,10 @@ WITH ins AS (
         unnest(string_to_array(%(ids)s, ',')),
         jsonb_array_elements(%(args)s::jsonb),
         jsonb_array_elements(%(kwargs)s::jsonb)
-    ) AS u (id, args, kwargs)
+    ) AS u (id, args, kwargs),
+    -- durable false: as insert_task
+    (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
+        AS commit_mode
     RETURNING queue, run_at
 )
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
