@@ -1,8 +1,9 @@
 """durable_sends / with_options(durable=...): whether a send's commit waits for the WAL flush.
 
 The flush is observed where PostgreSQL counts it: the number of times WAL was synced to
-disk (pg_stat_wal.wal_sync; pg_stat_io's WAL fsyncs from PostgreSQL 18). A durable commit syncs before it returns; a commit with
-synchronous_commit off leaves the sync to the WAL writer, which batches many commits.
+disk (pg_stat_wal.wal_sync; pg_stat_io's WAL fsyncs from PostgreSQL 18). A durable commit
+syncs before it returns; a commit with synchronous_commit off leaves the sync to the WAL
+writer, which batches many commits.
 """
 
 from __future__ import annotations
