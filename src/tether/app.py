@@ -6,6 +6,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from tether.broker import PostgresBroker
@@ -13,7 +14,7 @@ from tether.config import AppConfig, RetryPolicy
 from tether.errors import InvalidOptionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
-from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue
+from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue, check_time_limit
 from tether.waiter import ResultListener
 from tether.workflow.definition import Node, OnError, Workflow
 from tether.workflow.handle import WorkflowHandle
@@ -48,6 +49,7 @@ class Tether:
         queue: str | None = None,
         priority: int = 0,
         retry_policy: RetryPolicy | None = None,
+        time_limit: float | timedelta | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as the task ``name`` (unique in the app, stable across deploys)."""
         if not isinstance(name, str) or not _TASK_NAME.match(name):
@@ -72,6 +74,7 @@ class Tether:
                 queue=queue if queue is not None else self.config.default_queue,
                 priority=priority,
                 retry_policy=retry_policy,
+                time_limit=check_time_limit(name, time_limit),
             )
             self.tasks[name] = task
             return task

@@ -83,6 +83,7 @@ class ErrorCode(StrEnum):
     RESULT_NOT_SERIALIZABLE = "RESULT_NOT_SERIALIZABLE"
     WAIT_TIMEOUT = "WAIT_TIMEOUT"
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
+    TIME_LIMIT_EXCEEDED = "TIME_LIMIT_EXCEEDED"  # still running after the task's time_limit: killed
     # workflows
     DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a step skipped because a dependency did not complete
     WORKFLOW_FAILED = "WORKFLOW_FAILED"

@@ -40,6 +40,7 @@ R = TypeVar("R")
 RESERVED_OPTION_NAMES = frozenset({"good_until"})
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_DELAY = timedelta(days=3650)
+MAX_TIME_LIMIT = timedelta(days=30)
 # Rows per INSERT in send_many; bigger batches run several statements in one transaction.
 SEND_MANY_CHUNK = 20_000
 
@@ -64,11 +65,13 @@ class Task(Generic[P, R]):
         queue: str,
         priority: int,
         retry_policy: RetryPolicy | None,
+        time_limit: float | None = None,
     ) -> None:
         self.app = app
         self.name = name
         self.fn = fn
         self.retry_policy = retry_policy
+        self.time_limit = time_limit  # seconds an attempt may run; the worker kills it after
         self.signature = inspect.signature(fn)
         for reserved in RESERVED_OPTION_NAMES & set(self.signature.parameters):
             raise TaskDefinitionError(
@@ -323,6 +326,23 @@ def _check_delay(delay: Any) -> timedelta:
     if td < timedelta(0) or td > MAX_DELAY:
         raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")
     return td
+
+
+def check_time_limit(task_name: str, value: Any) -> float | None:
+    """A task's time limit in seconds (from seconds or a timedelta); the error names the task."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_TIME_LIMIT.total_seconds()
+    ):
+        raise TaskDefinitionError(
+            f"task {task_name!r}: time_limit must be a number of seconds or a timedelta, "
+            f"more than 0 and at most {MAX_TIME_LIMIT.days} days, got {value!r}"
+        )
+    return float(seconds)
 
 
 def check_priority(priority: Any) -> int:

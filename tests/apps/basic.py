@@ -11,7 +11,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
@@ -173,6 +173,29 @@ def retry_later(token: str) -> TaskResult[None, TaskError]:
     """Always fails TRANSIENT; its one retry waits a minute (tests read the row meanwhile)."""
     ledger(token)
     return TaskResult(err=TaskError("TRANSIENT", "try again in a minute"))
+
+
+@app.task("limited", time_limit=0.5)
+def limited(seconds: float, token: str = "") -> TaskResult[float, TaskError]:
+    """Sleeps; killed by its worker once it has run for 0.5 s."""
+    if token:
+        ledger(token)
+    time.sleep(seconds)
+    return TaskResult(ok=seconds)
+
+
+@app.task(
+    "limited_retry",
+    time_limit=timedelta(milliseconds=500),
+    retry_policy=RetryPolicy.fixed(
+        0.1, max_retries=1, auto_retry_for=[ErrorCode.TIME_LIMIT_EXCEEDED], jitter=0
+    ),
+)
+def limited_retry(token: str) -> TaskResult[None, TaskError]:
+    """Always outlives its 0.5 s limit; retried once for it."""
+    ledger(token)
+    time.sleep(3600)
+    return TaskResult(ok=None)
 
 
 @app.task("nul_result")

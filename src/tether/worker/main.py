@@ -32,6 +32,7 @@ from tether.worker.reaper import Reaper, reaper_loop
 from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.time_limits import TimeLimits
 from tether.worker.waiting import WaitRegistration
 from tether.worker.wakeups import Wakeups
 
@@ -64,6 +65,7 @@ class Worker:
         self._background: list[asyncio.Task[Any]] = []
         self._signals = 0
         self.supervisor: Supervisor | None = None
+        self.time_limits = TimeLimits(self._time_limit_of)
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[dict[str, Any]]] | None = None
         self.recorder: Recorder | None = None
         self.reaper: Reaper | None = None
@@ -418,6 +420,7 @@ class Worker:
                 slot.current = None
             else:
                 slot.running = True
+                self.time_limits.started(slot)
         elif op == protocol.NEXT:
             if slot.next is not None:
                 pass  # the RUN pushed to this child already answers its question
@@ -431,6 +434,7 @@ class Worker:
         elif op == protocol.DONE:
             self.inflight.pop(msg["id"], None)
             self.tasks_done += 1
+            self.time_limits.finished(slot)
             slot.current = None
             slot.running = False
             if msg["next_id"] is not None:
@@ -439,6 +443,7 @@ class Worker:
                 else:
                     slot.current = slot.next
                     slot.running = True
+                    self.time_limits.started(slot)
                 slot.next = None
             elif slot.next is not None:
                 # Pushed after the child had already finished and asked nothing: it reads
@@ -450,6 +455,7 @@ class Worker:
         self.wakeups.poke()  # a slot may have freed up
 
     def _on_child_exit(self, slot: ChildSlot, code: int | None) -> None:
+        self.time_limits.finished(slot)
         held = slot.held()
         if held or not self.stopping:
             log.error(
@@ -460,7 +466,7 @@ class Worker:
                 len(held),
             )
         if held:
-            recording = asyncio.get_running_loop().create_task(self._record_crash(held))
+            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for))
             self._recording.add(recording)
             recording.add_done_callback(self._recording.discard)
         if not self.stopping and self.supervisor is not None:
@@ -468,11 +474,14 @@ class Worker:
         elif self.supervisor is not None and not self.supervisor.alive():
             self._no_children.set()
 
-    async def _record_crash(self, held: list[TaskPayload]) -> None:
-        """The child died: its started task crashed, an unstarted one never ran and goes back."""
+    async def _record_crash(self, held: list[TaskPayload], killed_for: TaskError | None) -> None:
+        """The child died: its started task failed, an unstarted one never ran and goes back.
+
+        killed_for: the worker killed it (its time limit passed); else it crashed.
+        """
         for task in held:
             try:
-                verdict = await asyncio.to_thread(self._record_crash_sync, task)
+                verdict = await asyncio.to_thread(self._record_crash_sync, task, killed_for)
             except psycopg.Error as exc:
                 # The database stayed away longer than the recorder retries: the reaper
                 # (here or elsewhere) recovers the task by its heartbeats instead.
@@ -481,18 +490,24 @@ class Worker:
             log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
         self.wakeups.poke()
 
-    def _record_crash_sync(self, task: TaskPayload) -> str:
+    def _record_crash_sync(self, task: TaskPayload, killed_for: TaskError | None) -> str:
         assert self.recorder is not None
-        outcome = outcomes.crashed(
-            task.retry_policy, task.retry_count, "the worker process running this task died"
-        )
-        if self.recorder.record_for(task, outcome, expect="RUNNING"):
-            return (
-                "retry scheduled after WORKER_CRASHED" if outcome.will_retry else "FAILED with WORKER_CRASHED"
+        if killed_for is not None:
+            outcome = outcomes.failure(killed_for, task.retry_policy, task.retry_count)
+        else:
+            outcome = outcomes.crashed(
+                task.retry_policy, task.retry_count, "the worker process running this task died"
             )
+        code = outcome.error_code
+        if self.recorder.record_for(task, outcome, expect="RUNNING"):
+            return f"retry scheduled after {code}" if outcome.will_retry else f"FAILED with {code}"
         if self.recorder.release([task]):
             return "released back to PENDING (its code never started)"
         return "already settled elsewhere"
+
+    def _time_limit_of(self, name: str) -> float | None:
+        task = self.app.tasks.get(name)
+        return task.time_limit if task is not None else None
 
     # -- database helpers ---------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.child import child_main
 from tether.worker.protocol import TaskPayload
@@ -39,6 +40,7 @@ class ChildSlot:
     frozen: bool = False  # SIGSTOPped by the worker's self-fencing
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
     next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
+    killed_for: TaskError | None = None  # why the worker killed this child (its time limit)
     extra: dict[str, Any] = field(default_factory=dict)
     has_message: Callable[[], bool] = field(init=False)
 
