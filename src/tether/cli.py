@@ -143,12 +143,12 @@ def migrate(database_url: str | None) -> None:
 @_app_option
 def status(database_url: str | None, as_json: bool, app_path: str | None) -> None:
     """Counts per queue and status, workers with heartbeat age, stale tasks."""
+    from tether.web.dashboard import status_snapshot
+
     rc = _config(database_url, app_path).recovery
-    broker = _broker(database_url, app_path)
-    counts = broker.fetchall("count_by_queue_status")
-    workers = broker.fetchall("list_workers", {"all": False, "limit": 100})
+    snapshot = status_snapshot(_broker(database_url, app_path), rc)
+    counts, workers, stale = snapshot["counts"], snapshot["workers"], snapshot["stale_tasks"]
     threshold_min = rc.running_stale_threshold_ms / 60_000
-    stale = broker.get_stale_tasks_sync(stale_threshold_minutes=threshold_min)
     if as_json:
         _emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})
         return
@@ -181,6 +181,34 @@ def status(database_url: str | None, as_json: bool, app_path: str | None) -> Non
             ],
         )
     )
+
+
+@cli.command()
+@_db_option
+@_app_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65_535), default=8080, show_default=True, help="0: any free port."
+)
+def dashboard(database_url: str | None, app_path: str | None, host: str, port: int) -> None:
+    """A read-only web page of queues, workers, stale tasks and recent failures."""
+    from tether.web.dashboard import DashboardServer
+
+    config = _config(database_url, app_path)
+    broker = _broker(database_url, app_path)
+    broker.fetchall("count_by_queue_status")  # fail now, with the URL, if the database is unreachable
+    try:
+        server = DashboardServer((host, port), broker, config.recovery)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)", err=False)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def _workers_table(workers: list[dict[str, Any]]) -> Table:

@@ -97,6 +97,16 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: recent_failures
+-- The dashboard's "recently failed": newest failure first, through the partial index
+-- over terminal rows (updated_at is the failure's time for a FAILED row).
+SELECT id, name, queue, attempt, retry_count, error_code,
+       left(result -> 'err' ->> 'message', 300) AS error_message, failed_at, claimed_by_worker_id
+FROM tether_tasks
+WHERE status = 'FAILED'
+ORDER BY updated_at DESC
+LIMIT %(limit)s;
+
 -- name: count_by_queue_status
 SELECT queue, status, count(*) AS n FROM tether_tasks GROUP BY queue, status ORDER BY queue, status;
 

@@ -1,0 +1,91 @@
+"""``tether dashboard``: a read-only web page of queues, workers, stale tasks and recent failures.
+
+Served by the standard library's ThreadingHTTPServer. The page is one static HTML file
+that fetches ``/api/status`` every few seconds and fills its tables in the browser, so a
+web framework would add a dependency and nothing else. The page cannot change anything,
+on purpose. Recovery and cancellation stay in the CLI and the Python API, where they can
+be scripted and audited. The server binds to 127.0.0.1 unless told otherwise, because
+task names, errors and hostnames are not for everyone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from tether.broker import PostgresBroker
+from tether.config import RecoveryConfig
+
+log = logging.getLogger("tether.web")
+
+RECENT_FAILURES = 20
+# The page's own inline script and style, and fetches back to this server; nothing else.
+CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+
+
+def status_snapshot(broker: PostgresBroker, recovery: RecoveryConfig, *, failures: int = 0) -> dict[str, Any]:
+    """What `tether status` shows (and the dashboard, with the latest ``failures`` failures)."""
+    threshold_min = recovery.running_stale_threshold_ms / 60_000
+    snapshot: dict[str, Any] = {
+        "counts": broker.fetchall("count_by_queue_status"),
+        "workers": broker.fetchall("list_workers", {"all": False, "limit": 100}),
+        "stale_tasks": broker.get_stale_tasks_sync(stale_threshold_minutes=threshold_min),
+        "running_stale_threshold_s": recovery.running_stale_threshold_ms / 1000,
+    }
+    if failures:
+        snapshot["recent_failures"] = broker.fetchall("recent_failures", {"limit": failures})
+    return snapshot
+
+
+class DashboardServer(ThreadingHTTPServer):
+    daemon_threads = True  # a browser's keep-alive connection must not hold up Ctrl-C
+
+    def __init__(self, address: tuple[str, int], broker: PostgresBroker, recovery: RecoveryConfig) -> None:
+        super().__init__(address, DashboardHandler)
+        self.broker = broker
+        self.recovery = recovery
+        self.page = resources.files("tether.web").joinpath("dashboard.html").read_bytes()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}/"
+
+
+class DashboardHandler(BaseHTTPRequestHandler):
+    server: DashboardServer
+
+    def do_GET(self) -> None:  # the name http.server dispatches GET requests to
+        path = self.path.split("?", 1)[0]
+        if path == "/":
+            self._reply(200, "text/html; charset=utf-8", self.server.page)
+        elif path == "/api/status":
+            try:
+                snapshot = status_snapshot(self.server.broker, self.server.recovery, failures=RECENT_FAILURES)
+            except Exception as exc:
+                # The database went away: the page says so and keeps polling.
+                log.warning("dashboard could not read the status: %s", exc)
+                body = json.dumps({"error": str(exc)}).encode()
+                self._reply(503, "application/json", body)
+                return
+            snapshot["generated_at"] = datetime.now(UTC)
+            self._reply(200, "application/json", json.dumps(snapshot, default=str).encode())
+        else:
+            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _reply(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", CSP)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's signature
+        log.debug("%s %s", self.address_string(), format % args)
