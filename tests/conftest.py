@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -95,6 +96,15 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         clean_tables(conn)
         yield conn
+
+
+@pytest.fixture
+def basic(database_url: str, db: psycopg.Connection[Any]) -> ModuleType:
+    """tests/apps/basic.py bound to this run's database, on clean tables with the ledger in place."""
+    from tests.apps.support import ensure_ledger, load_app_module
+
+    ensure_ledger(db)
+    return load_app_module("basic", database_url)
 
 
 def clean_tables(conn: psycopg.Connection[Any]) -> None:

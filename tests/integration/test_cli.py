@@ -12,7 +12,6 @@ import psycopg
 import pytest
 
 import tether.cli
-from tests.apps.support import ensure_ledger, load_app_module
 from tests.cli_support import run, run_json, tether_command
 from tests.conftest import WorkerFactory
 from tether.broker import PostgresBroker
@@ -20,12 +19,6 @@ from tether.db.migrate import latest_version
 
 APP = "tests.apps.basic:app"
 WAIT = 30.0
-
-
-@pytest.fixture
-def basic(database_url: str, db: psycopg.Connection[Any]) -> ModuleType:
-    ensure_ledger(db)
-    return load_app_module("basic", database_url)
 
 
 @pytest.fixture(autouse=True)

@@ -11,14 +11,11 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import psycopg
-import pytest
 
-from tests.apps.support import ensure_ledger, load_app_module
 from tests.conftest import REPO, WorkerFactory
 from tether import PostgresConfig, RecoveryConfig
 from tether.broker import PostgresBroker
@@ -33,13 +30,6 @@ def get(url: str) -> tuple[int, dict[str, str], bytes]:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read()
-
-
-@pytest.fixture
-def basic(database_url: str, db: psycopg.Connection[Any]) -> Iterator[ModuleType]:
-    ensure_ledger(db)
-    yield load_app_module("basic", database_url)
-    db.execute("DELETE FROM tether_task_attempts; DELETE FROM tether_tasks")
 
 
 def serve(broker: PostgresBroker) -> DashboardServer:
@@ -110,6 +100,7 @@ def test_the_command_serves_until_interrupted(database_url: str, db: psycopg.Con
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
+        assert process.stderr is not None
         assert line.startswith("tether dashboard on http://127.0.0.1:"), line + process.stderr.read()
         url = line.split(" on ", 1)[1].split(" ", 1)[0]
         code, _, body = get(url + "api/status")

@@ -16,19 +16,13 @@ import psycopg
 import pytest
 
 import tether.task
-from tests.apps.support import count_tasks, ensure_ledger, load_app_module, task_row
+from tests.apps.support import count_tasks, task_row
 from tests.conftest import REPO, WorkerFactory, WorkerProcess
 from tether import ErrorCode, TaskHandle, TaskStatus
 from tether.errors import TaskNotFoundError
 
 APP = "tests.apps.basic:app"
 WAIT = 30.0
-
-
-@pytest.fixture
-def basic(database_url: str, db: psycopg.Connection[Any]) -> ModuleType:
-    ensure_ledger(db)
-    return load_app_module("basic", database_url)
 
 
 @pytest.fixture

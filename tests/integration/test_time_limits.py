@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import attempt_rows, ensure_ledger, load_app_module, runs, task_row
+from tests.apps.support import attempt_rows, runs, task_row
 from tests.conftest import WorkerFactory, WorkerProcess
 from tether import ErrorCode, TaskError, TaskResult, Tether
 from tether.errors import TaskDefinitionError
@@ -23,12 +23,6 @@ from tether.errors import TaskDefinitionError
 APP = "tests.apps.basic:app"
 WAIT = 30.0
 LIMIT = timedelta(seconds=0.5)
-
-
-@pytest.fixture
-def basic(database_url: str, db: psycopg.Connection[Any]) -> ModuleType:
-    ensure_ledger(db)
-    return load_app_module("basic", database_url)
 
 
 @pytest.fixture
