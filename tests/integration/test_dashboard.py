@@ -15,10 +15,12 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.conftest import REPO, WorkerFactory
 from tether import PostgresConfig, RecoveryConfig
 from tether.broker import PostgresBroker
+from tether.web import dashboard
 from tether.web.dashboard import DashboardServer
 
 WAIT = 30.0
@@ -64,6 +66,24 @@ def test_the_status_json_shows_queues_workers_and_failures(basic: ModuleType, wo
         assert b"innerHTML" not in page  # values are set as text, never parsed as HTML
         assert "script-src 'unsafe-inline'" in headers["Content-Security-Policy"]
         assert get(server.url + "nope")[0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pages_open_at_once_share_one_read_of_the_database(
+    basic: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard, "SNAPSHOT_MAX_AGE_S", 60.0)
+    server = serve(basic.app.broker)
+    try:
+        first = get(server.url + "api/status")[2]
+        basic.add.with_options(queue="low").send(1, 2)
+        assert get(server.url + "api/status")[2] == first  # the same read, generated_at and all
+        monkeypatch.setattr(dashboard, "SNAPSHOT_MAX_AGE_S", 0.0)
+        fresh = json.loads(get(server.url + "api/status")[2])
+        assert fresh["counts"] == [{"queue": "low", "status": "PENDING", "n": 1}]
+        assert fresh["generated_at"] > json.loads(first)["generated_at"]
     finally:
         server.shutdown()
         server.server_close()

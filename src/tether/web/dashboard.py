@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -23,6 +25,9 @@ from tether.config import RecoveryConfig
 log = logging.getLogger("tether.web")
 
 RECENT_FAILURES = 20
+# However many pages are open, the database is asked at most this often: the counts
+# read the whole task table.
+SNAPSHOT_MAX_AGE_S = 1.0
 # The page's own inline script and style, and fetches back to this server; nothing else.
 CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
 
@@ -49,6 +54,19 @@ class DashboardServer(ThreadingHTTPServer):
         self.broker = broker
         self.recovery = recovery
         self.page = resources.files("tether.web").joinpath("dashboard.html").read_bytes()
+        self._lock = threading.Lock()
+        self._cached: tuple[float, bytes] | None = None
+
+    def status_json(self) -> bytes:
+        """The snapshot as JSON, read afresh unless one younger than SNAPSHOT_MAX_AGE_S exists."""
+        with self._lock:  # concurrent requests wait for one read instead of each making their own
+            if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_MAX_AGE_S:
+                return self._cached[1]
+            snapshot = status_snapshot(self.broker, self.recovery, failures=RECENT_FAILURES)
+            snapshot["generated_at"] = datetime.now(UTC)
+            body = json.dumps(snapshot, default=str).encode()
+            self._cached = (time.monotonic(), body)
+            return body
 
     @property
     def url(self) -> str:
@@ -65,15 +83,13 @@ class DashboardHandler(BaseHTTPRequestHandler):
             self._reply(200, "text/html; charset=utf-8", self.server.page)
         elif path == "/api/status":
             try:
-                snapshot = status_snapshot(self.server.broker, self.server.recovery, failures=RECENT_FAILURES)
+                body = self.server.status_json()
             except Exception as exc:
                 # The database went away: the page says so and keeps polling.
                 log.warning("dashboard could not read the status: %s", exc)
-                body = json.dumps({"error": str(exc)}).encode()
-                self._reply(503, "application/json", body)
+                self._reply(503, "application/json", json.dumps({"error": str(exc)}).encode())
                 return
-            snapshot["generated_at"] = datetime.now(UTC)
-            self._reply(200, "application/json", json.dumps(snapshot, default=str).encode())
+            self._reply(200, "application/json", body)
         else:
             self._reply(404, "text/plain; charset=utf-8", b"not found\n")
 
