@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -203,6 +204,11 @@ def dashboard(database_url: str | None, app_path: str | None, host: str, port: i
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)", err=False)
     sys.stdout.flush()
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (systemd, docker stop) ends it as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -108,7 +108,10 @@ def test_a_database_that_went_away_is_a_503_that_names_it() -> None:
         broker.close()
 
 
-def test_the_command_serves_until_interrupted(database_url: str, db: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM])
+def test_the_command_serves_until_interrupted(
+    database_url: str, db: psycopg.Connection[Any], stop_with: signal.Signals
+) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "tether", "dashboard", "--port", "0", "--database-url", database_url],
         cwd=REPO,
@@ -125,7 +128,7 @@ def test_the_command_serves_until_interrupted(database_url: str, db: psycopg.Con
         url = line.split(" on ", 1)[1].split(" ", 1)[0]
         code, _, body = get(url + "api/status")
         assert code == 200 and "counts" in json.loads(body)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_with)
         assert process.wait(timeout=WAIT) == 0
     finally:
         if process.poll() is None:
