@@ -84,8 +84,23 @@ def database_url(server_url: str) -> Iterator[str]:
             os.environ.pop("TETHER_DATABASE_URL", None)
         else:
             os.environ["TETHER_DATABASE_URL"] = old
+        _close_test_apps()
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _close_test_apps() -> None:
+    """Stop the test apps' pools and result listeners before their database is dropped.
+
+    A result listener left running would try to reconnect to the dropped database and
+    print its (correct) complaint after pytest's summary.
+    """
+    from tether import Tether
+
+    for module_name, module in list(sys.modules.items()):
+        app = getattr(module, "app", None)
+        if module_name.startswith("tests.apps.") and isinstance(app, Tether):
+            app.close()
 
 
 @pytest.fixture
