@@ -279,6 +279,15 @@ class Worker:
     async def _accept(self, claimed: list[TaskPayload]) -> None:
         unknown = []
         for task in claimed:
+            held = self.inflight.get(task.id)
+            if held is not None and held.attempt == task.attempt:
+                # Only after a database crash lost our claim of it (claims do not wait for
+                # the flush) and this worker claimed it again: the copy held is the same
+                # attempt, and a second copy would fail its start and unbalance the count.
+                log.warning(
+                    "task %s attempt %d claimed again while held here; keeping one", task.id, task.attempt
+                )
+                continue
             if task.name in self.app.tasks:
                 self.inflight[task.id] = task
                 self.buffer.append(task)

@@ -1,0 +1,53 @@
+"""The worker's bookkeeping of claimed tasks, without a database: what it buffers and counts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tether import TaskError, TaskResult, Tether
+from tether.config import WorkerConfig
+from tether.worker.main import Worker
+from tether.worker.protocol import TaskPayload
+
+
+def make_worker() -> Worker:
+    app = Tether()
+
+    @app.task("noop")
+    def noop() -> TaskResult[None, TaskError]:
+        return TaskResult(ok=None)
+
+    return Worker(app, "tests:app", WorkerConfig(processes=1, prefetch=4))
+
+
+def payload(task_id: str, attempt: int = 1) -> TaskPayload:
+    return TaskPayload(
+        id=task_id,
+        name="noop",
+        queue="default",
+        args="[]",
+        kwargs="{}",
+        attempt=attempt,
+        retry_count=0,
+        max_retries=0,
+        retry_policy=None,
+    )
+
+
+async def test_a_task_claimed_again_in_the_same_attempt_is_held_once() -> None:
+    """After a database crash lost a claim that did not wait for its flush, the same worker
+    can claim the same attempt again. It must not buffer the task twice."""
+    worker = make_worker()
+    first = payload("a")
+    await worker._accept([first, payload("b")])
+    await worker._accept([replace(first), payload("c")])
+    assert [t.id for t in worker.buffer] == ["a", "b", "c"]
+    assert sorted(worker.inflight) == ["a", "b", "c"]
+    assert worker.buffer[0] is first  # the copy already held is the one kept
+
+
+async def test_a_new_attempt_of_a_task_is_taken() -> None:
+    worker = make_worker()
+    await worker._accept([payload("a", attempt=1)])
+    await worker._accept([payload("a", attempt=2)])
+    assert worker.inflight["a"].attempt == 2
