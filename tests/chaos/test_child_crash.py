@@ -140,3 +140,31 @@ def test_a_task_that_exits_its_child_is_a_crash(db: Any, chaos: ModuleType, work
     assert first_pid != second_pid and first_pid not in child_pids(worker)
 
     assert_worker_goes_on(db, chaos, worker, dead)
+
+
+def test_tasks_handed_ahead_to_a_killed_child_go_back_and_run_once(
+    db: Any, chaos: ModuleType, workers: WorkerFactory
+) -> None:
+    """A busy child holds up to two tasks handed to it ahead of time. Killed, it ran none of
+    them: they go back to PENDING and run once each, on its replacement."""
+    worker = workers.start(APP, "--processes", "1", "--prefetch", "4", env=FAST)
+    long = token()
+    held = chaos.app.tasks["hold"].send(long, 60)
+    pid = wait_running_in_child(db, worker, held.id, long)
+    toks = [token() for _ in range(3)]
+    waiting = [chaos.app.tasks["work"].send(t) for t in toks]
+    # Claimed while the only child is busy: two are handed to it at once, one stays in the buffer.
+    for handle in waiting:
+        wait_status(db, handle.id, "CLAIMED")
+
+    os.kill(pid, signal.SIGKILL)
+    row = wait_status(db, held.id, {"FAILED", "COMPLETED"}, timeout=10)
+    assert row["status"] == "FAILED" and row["error_code"] == "WORKER_CRASHED", row
+    assert "exited with code -9 holding 3 task(s)" in worker.log(), worker.log()
+
+    for tok, handle in zip(toks, waiting, strict=True):
+        result = handle.get(timeout=30)
+        assert result.is_ok and result.ok == tok, (result, worker.log())
+        assert runs(db, tok) == 1
+        check_history(db, handle.id)
+    assert all(p != pid for t in toks for p in run_pids(db, t))

@@ -77,8 +77,8 @@ def collect(worker: Worker) -> Beat:
                 # A frozen child's task is reported too: the answer ('lost' or not)
                 # decides whether it is resumed or killed, right after this beat.
                 beat.add(slot.current.id, "runner", slot.pid)
-        if slot.next is not None:
-            beat.add(slot.next.id, "claimer", main_pid)
+        for task in slot.queued:
+            beat.add(task.id, "claimer", main_pid)
     return beat
 
 

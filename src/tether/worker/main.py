@@ -39,6 +39,8 @@ from tether.worker.wakeups import Wakeups
 log = logging.getLogger("tether.worker")
 
 SKIP_NAME_FOR_S = 30.0
+# Tasks handed to a busy child ahead of time (see _dispatch).
+PUSH_AHEAD = 2
 
 
 class Worker:
@@ -319,7 +321,7 @@ class Worker:
         frozen = 0
         if self.supervisor is not None:
             for slot in self.supervisor.alive():
-                if (slot.current is not None or slot.next is not None) and slot.pid is not None:
+                if (slot.current is not None or slot.queued) and slot.pid is not None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(slot.pid, signal.SIGSTOP)
                         slot.frozen = True
@@ -390,22 +392,25 @@ class Worker:
                 if not self.supervisor.send(slot, protocol.RUN, task=task):
                     slot.current = None
                     self.buffer.appendleft(task)
-        # Every child is busy and work is waiting: hand each busy child its next task
-        # now, so it need not ask for it (one pipe round trip less per task). It waits
-        # behind the child's current task: that is what prefetch means (--prefetch 0
-        # for long or uneven tasks).
+        # Every child is busy and work is waiting: hand each busy child its next tasks
+        # now (PUSH_AHEAD of them, one round of children at a time), so it need not ask
+        # and wait for them. With two, the next-but-one is already in the child's pipe
+        # when it finishes a short task: the main process's answer is off the child's
+        # path. They wait behind the child's current task: that is what prefetch means
+        # (--prefetch 0 for long or uneven tasks).
         children = self.supervisor.alive()
         if len(children) < self.config.processes or any(not s.ready or s.current is None for s in children):
             return  # a child is starting, restarting or free: it will take the work itself
-        for slot in children:
-            if not self.buffer or self.stopping:
-                return
-            if slot.next is None:
-                task = self.buffer.popleft()
-                slot.next = task
-                if not self.supervisor.send(slot, protocol.RUN, task=task):
-                    slot.next = None
-                    self.buffer.appendleft(task)
+        for depth in range(1, PUSH_AHEAD + 1):
+            for slot in children:
+                if not self.buffer or self.stopping:
+                    return
+                if len(slot.queued) < depth:
+                    task = self.buffer.popleft()
+                    if self.supervisor.send(slot, protocol.RUN, task=task):
+                        slot.queued.append(task)
+                    else:
+                        self.buffer.appendleft(task)
 
     def _on_listening(self) -> None:
         # Notifications sent while the listener was down are lost: look once, and
@@ -431,13 +436,13 @@ class Worker:
                 slot.running = True
                 self.time_limits.started(slot)
         elif op == protocol.NEXT:
-            if slot.next is not None:
-                pass  # the RUN pushed to this child already answers its question
+            if slot.queued:
+                pass  # a RUN pushed to this child already answers its question
             elif self.stopping:
                 self.supervisor.send(slot, protocol.STOP)
             elif self.buffer:
-                slot.next = self.buffer.popleft()
-                self.supervisor.send(slot, protocol.RUN, task=slot.next)
+                slot.queued.append(self.buffer.popleft())
+                self.supervisor.send(slot, protocol.RUN, task=slot.queued[0])
             else:
                 self.supervisor.send(slot, protocol.NONE)
         elif op == protocol.DONE:
@@ -447,17 +452,18 @@ class Worker:
             slot.current = None
             slot.running = False
             if msg["next_id"] is not None:
+                # The child took the oldest task handed to it, started or found lost.
+                taken = slot.queued.popleft()
                 if msg["next_lost"]:
-                    self.inflight.pop(msg["next_id"], None)
+                    self.inflight.pop(taken.id, None)
                 else:
-                    slot.current = slot.next
+                    slot.current = taken
                     slot.running = True
                     self.time_limits.started(slot)
-                slot.next = None
-            elif slot.next is not None:
-                # Pushed after the child had already finished and asked nothing: it reads
-                # that RUN as a fresh task and will report STARTED for it.
-                slot.current, slot.next = slot.next, None
+            if slot.current is None and slot.queued:
+                # The child has nothing running and will read the next RUN in its pipe
+                # as a fresh task, reporting STARTED for it.
+                slot.current = slot.queued.popleft()
             if self.stopping and slot.current is None:
                 self.supervisor.send(slot, protocol.STOP)
         self._dispatch()

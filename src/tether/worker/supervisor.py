@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -39,7 +40,9 @@ class ChildSlot:
     running: bool = False  # current is RUNNING (the child said STARTED)
     frozen: bool = False  # SIGSTOPped by the worker's self-fencing
     current: TaskPayload | None = None  # sent to the child: starting, running or finishing
-    next: TaskPayload | None = None  # handed over with a NEXT reply, started with the record
+    # Sent to the child ahead of time, oldest first, not started yet: the child starts the
+    # oldest in the same commit that records its current task's outcome.
+    queued: deque[TaskPayload] = field(default_factory=deque)
     killed_for: TaskError | None = None  # why the worker killed this child (its time limit)
     extra: dict[str, Any] = field(default_factory=dict)
     has_message: Callable[[], bool] = field(init=False)
@@ -56,7 +59,7 @@ class ChildSlot:
         return self.ready and self.current is None
 
     def held(self) -> list[TaskPayload]:
-        return [t for t in (self.current, self.next) if t is not None]
+        return ([self.current] if self.current is not None else []) + list(self.queued)
 
 
 OnMessage = Callable[[ChildSlot, dict[str, Any]], None]
