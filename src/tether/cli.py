@@ -144,12 +144,9 @@ def migrate(database_url: str | None) -> None:
 @_app_option
 def status(database_url: str | None, as_json: bool, app_path: str | None) -> None:
     """Counts per queue and status, workers with heartbeat age, stale tasks."""
-    from tether.web.dashboard import status_snapshot
-
     rc = _config(database_url, app_path).recovery
-    snapshot = status_snapshot(_broker(database_url, app_path), rc)
+    snapshot = _broker(database_url, app_path).status_snapshot(rc.running_stale_threshold_ms)
     counts, workers, stale = snapshot["counts"], snapshot["workers"], snapshot["stale_tasks"]
-    threshold_min = rc.running_stale_threshold_ms / 60_000
     if as_json:
         _emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})
         return
@@ -167,7 +164,8 @@ def status(database_url: str | None, as_json: bool, app_path: str | None) -> Non
     console.print(_workers_table(workers))
     console.print(
         _table(
-            f"Stale tasks (RUNNING, no runner heartbeat for over {threshold_min * 60:.0f}s)",
+            f"Stale tasks (RUNNING, no runner heartbeat for over "
+            f"{snapshot['running_stale_threshold_s']:.0f}s)",
             ["task", "name", "worker", "host", "worker status", "silent"],
             [
                 [
@@ -197,7 +195,7 @@ def dashboard(database_url: str | None, app_path: str | None, host: str, port: i
 
     config = _config(database_url, app_path)
     broker = _broker(database_url, app_path)
-    broker.fetchall("count_by_queue_status")  # fail now, with the URL, if the database is unreachable
+    _ = broker.url  # connects and checks the schema now: an unreachable database fails here, named
     try:
         server = DashboardServer((host, port), broker, config.recovery)
     except OSError as exc:

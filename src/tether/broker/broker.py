@@ -158,6 +158,18 @@ class PostgresBroker:
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.
 
+    def status_snapshot(self, running_stale_threshold_ms: int, *, failures: int = 0) -> dict[str, Any]:
+        """What `tether status` shows (and the dashboard, with the latest ``failures`` failures)."""
+        snapshot: dict[str, Any] = {
+            "counts": self.fetchall("count_by_queue_status"),
+            "workers": self.fetchall("list_workers", {"all": False, "limit": 100}),
+            "stale_tasks": self.get_stale_tasks_sync(running_stale_threshold_ms / 60_000),
+            "running_stale_threshold_s": running_stale_threshold_ms / 1000,
+        }
+        if failures:
+            snapshot["recent_failures"] = self.fetchall("recent_failures", {"limit": failures})
+        return snapshot
+
     def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
         """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""
         _positive("stale_threshold_minutes", stale_threshold_minutes)

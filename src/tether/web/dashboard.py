@@ -32,20 +32,6 @@ SNAPSHOT_MAX_AGE_S = 1.0
 CSP = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
 
 
-def status_snapshot(broker: PostgresBroker, recovery: RecoveryConfig, *, failures: int = 0) -> dict[str, Any]:
-    """What `tether status` shows (and the dashboard, with the latest ``failures`` failures)."""
-    threshold_min = recovery.running_stale_threshold_ms / 60_000
-    snapshot: dict[str, Any] = {
-        "counts": broker.fetchall("count_by_queue_status"),
-        "workers": broker.fetchall("list_workers", {"all": False, "limit": 100}),
-        "stale_tasks": broker.get_stale_tasks_sync(stale_threshold_minutes=threshold_min),
-        "running_stale_threshold_s": recovery.running_stale_threshold_ms / 1000,
-    }
-    if failures:
-        snapshot["recent_failures"] = broker.fetchall("recent_failures", {"limit": failures})
-    return snapshot
-
-
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True  # a browser's keep-alive connection must not hold up Ctrl-C
 
@@ -62,7 +48,9 @@ class DashboardServer(ThreadingHTTPServer):
         with self._lock:  # concurrent requests wait for one read instead of each making their own
             if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_MAX_AGE_S:
                 return self._cached[1]
-            snapshot = status_snapshot(self.broker, self.recovery, failures=RECENT_FAILURES)
+            snapshot = self.broker.status_snapshot(
+                self.recovery.running_stale_threshold_ms, failures=RECENT_FAILURES
+            )
             snapshot["generated_at"] = datetime.now(UTC)
             body = json.dumps(snapshot, default=str).encode()
             self._cached = (time.monotonic(), body)
