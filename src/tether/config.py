@@ -198,7 +198,8 @@ class WorkerConfig(BaseSettings):
     # Clamped so the default never fails validation on a machine with more than 256 CPUs.
     processes: Int = Field(default_factory=lambda: min(os.cpu_count() or 1, 256), ge=1, le=256)
     queues: OptQueueList = None  # None = every queue the app declares
-    # Claimed-but-not-started tasks a worker may hold beyond its running ones; None = processes.
+    # Claimed-but-not-started tasks a worker may hold beyond its running ones;
+    # None = PREFETCH_PER_PROCESS (4) x processes (see effective_prefetch).
     prefetch: OptInt = Field(default=None, ge=0, le=1_000)
     # The fallback poll when no NOTIFY arrives (a notification can be lost on reconnect).
     poll_interval_ms: Int = Field(default=1_000, ge=10, le=60_000)
