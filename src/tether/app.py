@@ -128,6 +128,18 @@ class Tether:
             return self._listener
 
     def close(self) -> None:
+        """Close the connection pool and stop the result listener; safe to call twice.
+
+        A process that ends without calling it still exits at once: open pools are
+        closed at interpreter exit. Call it (or use ``with Tether(...) as app:``) to
+        release the connections earlier, for example at the end of a request-less job.
+        """
         if self._listener is not None:
             self._listener.stop()
         self.broker.close()
+
+    def __enter__(self) -> Tether:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

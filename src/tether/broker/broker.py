@@ -10,6 +10,7 @@ does) opens nothing, and a forked process never reuses its parent's sockets.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -94,6 +95,7 @@ class PostgresBroker:
                         name="tether",
                         open=True,
                     )
+                    _open_brokers.add(self)
         return self._pool
 
     # -- running named statements -------------------------------------------
@@ -204,6 +206,23 @@ class PostgresBroker:
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.close()
         self._pool = None
+        _open_brokers.discard(self)
+
+
+# Pools still open when the interpreter exits are closed by atexit, while their
+# threads can still run. Left to the garbage collector, Python 3.13 finalises a
+# pool after its threads are frozen: each join times out (5 s per thread, with a
+# warning on stderr), so a script that sends and ends took ~20 s to exit.
+_open_brokers: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_brokers() -> None:
+    for broker in list(_open_brokers):
+        try:
+            broker.close()
+        except Exception:  # one broker failing to close must not keep the others open
+            log.exception("closing the connection pool of %r at exit failed", broker)
 
 
 # A connection that sat in the pool may have died with the server (restart,

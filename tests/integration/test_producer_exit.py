@@ -1,0 +1,85 @@
+"""A producer (web process, cron script, notebook) exits at once and silently, closed or not.
+
+On Python 3.13 a script that sent a few tasks without closing its app took ~20 s to
+exit and printed "couldn't stop thread 'tether-worker-0' within 5.0 seconds" once per
+pool thread: the pool was left to the garbage collector after its threads were frozen.
+CI runs this file on every supported Python (see .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import REPO
+
+EXIT_WITHIN_S = 2.0
+
+PRODUCER = """
+import sys
+from tether import AppConfig, PostgresConfig, TaskResult, Tether
+
+def make_app() -> Tether:
+    app = Tether(AppConfig(broker=PostgresConfig(database_url=sys.argv[1])))
+
+    @app.task("exit.noop")
+    def noop(n: int) -> TaskResult[int, str]:
+        return TaskResult(ok=n)
+
+    return app
+
+mode = sys.argv[2]
+if mode == "with":
+    with make_app() as app:
+        app.tasks["exit.noop"].send(1)
+        app.tasks["exit.noop"].send_many([(2,), (3,)])
+else:
+    app = make_app()
+    noop = app.tasks["exit.noop"]
+    noop.send(1)
+    noop.send_many([(2,), (3,)])
+    if mode == "wait":  # get() starts the result listener's thread and connection too
+        print(noop.send(4).get(timeout=0.2).err.code, flush=True)
+    if mode == "close":
+        app.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["no-close", "close", "with", "wait"])
+def test_producer_sends_and_exits_at_once(
+    database_url: str, db: psycopg.Connection[Any], tmp_path: Any, mode: str
+) -> None:
+    script = tmp_path / "producer.py"
+    script.write_text(textwrap.dedent(PRODUCER))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(script), database_url, mode],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", f"{sys.version.split()[0]}: stderr not empty:\n{done.stderr}"
+    assert took < EXIT_WITHIN_S, f"{sys.version.split()[0]}: the producer took {took:.2f}s to exit"
+    sent = db.execute("SELECT count(*) AS n FROM tether_tasks WHERE name = 'exit.noop'").fetchone()
+    assert sent is not None and sent["n"] == (4 if mode == "wait" else 3)
+    if mode == "wait":
+        assert done.stdout.strip() == "WAIT_TIMEOUT"
+
+
+def test_close_twice_and_context_manager_close_the_pool(database_url: str) -> None:
+    from tether import AppConfig, PostgresConfig, Tether
+
+    with Tether(AppConfig(broker=PostgresConfig(database_url=database_url))) as app:
+        pool = app.broker.pool
+        assert not pool.closed
+    assert pool.closed
+    app.close()  # a second close is harmless
+    assert pool.closed
