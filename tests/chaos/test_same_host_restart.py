@@ -192,3 +192,35 @@ def test_startup_reconciliation_also_recovers_a_dead_worker_already_marked_inact
     row = wait_status(db, claimed.id, {"COMPLETED", "FAILED"}, timeout=10)
     assert row["status"] == "COMPLETED" and runs(db, t_claimed) == 1
     assert watcher.proc.poll() is None
+
+
+#: A due task starts this soon on a worker waiting for work, whichever path made it due.
+DUE_TASK_STARTS_WITHIN = timedelta(milliseconds=50)
+
+
+def test_a_retry_scheduled_by_startup_reconciliation_starts_when_due(
+    db: Any, chaos: ModuleType, workers: WorkerFactory
+) -> None:
+    """The retry is due 1 s after B's reconciliation; B's poll is 10 s away, so only the
+    notification of the retry's due time (heard because B listens before it reconciles)
+    can start it on time. Before that order, it waited for the next poll."""
+    hold_retry = chaos.app.tasks["hold_retry"]
+    a = workers.start(APP, "--processes", "1")
+    tok = token()
+    retry = hold_retry.send(tok, 120, 0)
+    wait_until(lambda: runs(db, tok) == 1, message="A to start the task")
+    a.kill()
+
+    b = workers.start(APP, "--processes", "1", env={"TETHER_WORKER_POLL_INTERVAL_MS": "10000"})
+    row = wait_status(db, retry.id, "COMPLETED", timeout=15)
+    row, attempts = check_history(db, retry.id)
+    assert [(x["attempt"], x["worker_id"], x["will_retry"]) for x in attempts] == [
+        (1, a.worker_id, True),
+        (2, b.worker_id, False),
+    ]
+    assert "on this host is gone" in attempts[0]["error_message"]
+    late = row["started_at"] - row["run_at"]
+    claimed_ms = (row["claimed_at"] - row["run_at"]).total_seconds() * 1000
+    print(f"retry claimed {claimed_ms:.1f} ms, started {late.total_seconds() * 1000:.1f} ms after it was due")
+    assert timedelta(0) <= late < DUE_TASK_STARTS_WITHIN, (row["run_at"], row["started_at"], late)
+    assert runs(db, tok) == 2

@@ -127,37 +127,55 @@ class Worker:
                 "host_key": self.identity.host_key,
             },
         )
-        # Before claiming anything: recover what dead workers on this host left behind.
-        await asyncio.to_thread(reconcile_host, url, self.identity)
-        log.info(
-            "worker %s started: queues=%s processes=%d prefetch=%d",
-            self.worker_id,
-            ",".join(self.queues),
-            self.config.processes,
-            self.config.effective_prefetch,
-        )
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.request_stop)
-        self.supervisor = Supervisor(
-            processes=self.config.processes,
-            app_path=self.app_path,
-            url=url,
-            worker_id=self.worker_id,
-            log_level=logging.getLogger().getEffectiveLevel(),
-            on_message=self._on_message,
-            on_exit=self._on_child_exit,
-        )
-        self.supervisor.start(loop)
-        self._background = [
-            asyncio.create_task(
-                listen_for_work(url, bcfg, set(self.queues), self.wakeups.on_notification, self._on_listening)
-            ),
-            asyncio.create_task(heartbeat_loop(self, self.heartbeat)),
-            asyncio.create_task(fence_watch(self, self.heartbeat)),
-            asyncio.create_task(reaper_loop(self.reaper)),
-        ]
         try:
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, self.request_stop)
+            self.supervisor = Supervisor(
+                processes=self.config.processes,
+                app_path=self.app_path,
+                url=url,
+                worker_id=self.worker_id,
+                log_level=logging.getLogger().getEffectiveLevel(),
+                on_message=self._on_message,
+                on_exit=self._on_child_exit,
+            )
+            # Children start now (they run only what they are handed), so they are ready
+            # by the time the first task is claimed.
+            self.supervisor.start(loop)
+            # The listener listens before startup reconciliation writes anything: a crash
+            # retry it schedules notifies its due time, and the timer set from that
+            # notification starts the retry on time instead of at the next poll.
+            listening = asyncio.Event()
+
+            def on_listening() -> None:
+                listening.set()
+                self._on_listening()
+
+            self._background = [
+                asyncio.create_task(
+                    listen_for_work(url, bcfg, set(self.queues), self.wakeups.on_notification, on_listening)
+                ),
+                asyncio.create_task(heartbeat_loop(self, self.heartbeat)),
+                asyncio.create_task(fence_watch(self, self.heartbeat)),
+                asyncio.create_task(reaper_loop(self.reaper)),
+            ]
+            try:
+                await asyncio.wait_for(listening.wait(), bcfg.connect_timeout_s)
+            except TimeoutError:
+                log.warning(
+                    "work listener not connected after %.0fs; going on (the poll finds work meanwhile)",
+                    bcfg.connect_timeout_s,
+                )
+            # Before claiming anything: recover what dead workers on this host left behind.
+            await asyncio.to_thread(reconcile_host, url, self.identity)
+            log.info(
+                "worker %s started: queues=%s processes=%d prefetch=%d",
+                self.worker_id,
+                ",".join(self.queues),
+                self.config.processes,
+                self.config.effective_prefetch,
+            )
             await self._claim_loop()
             await self._drain()
         finally:
