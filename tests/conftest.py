@@ -199,10 +199,12 @@ class WorkerFactory:
                     "SELECT id FROM tether_workers WHERE pid = %s AND hostname = %s AND status = 'active'",
                     (worker.pid, socket.gethostname()),
                 ).fetchone()
-                if row:
+                # Registered, and through its startup (reconciliation included): a test that
+                # kills another worker next must not race this one's startup reconciliation.
+                if row and f"worker {row[0]} started: queues=" in worker.log():
                     return str(row[0])
                 time.sleep(0.05)
-        raise AssertionError(f"worker {worker.pid} did not register within {timeout}s\n{worker.log()}")
+        raise AssertionError(f"worker {worker.pid} did not start within {timeout}s\n{worker.log()}")
 
     def cleanup(self) -> None:
         for worker in self.started:

@@ -14,8 +14,8 @@ from tether.config import AppConfig, RetryPolicy
 from tether.errors import InvalidOptionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
+from tether.result_listener import ResultListener
 from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue, check_time_limit
-from tether.waiter import ResultListener
 from tether.workflow.definition import Node, OnError, Workflow
 from tether.workflow.handle import WorkflowHandle
 

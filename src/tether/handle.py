@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
-from tether.waiter import wait_for, wait_for_async
+from tether.result_listener import wait_for, wait_for_async
 
 if TYPE_CHECKING:
     from tether.app import Tether

@@ -1,16 +1,15 @@
-"""What happened to an attempt, and the fenced statement that records it.
+"""What happened to an attempt: the one rule that turns a result, an error or a crash into
+an Outcome (final, or a retry after a delay).
 
-Shared by the child (the task's own outcome), the worker's main process (a
-child that died, a name it cannot run) and the reaper (a worker that went
-silent), so every path applies the same retry rules and writes the same rows.
+Shared by the child (the task's own outcome), the worker's main process (a child that
+died, a name it cannot run) and the reaper (a worker that went silent), so every path
+applies the same retry rules; `broker.claims.record_outcome` writes any of them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from tether import codec
@@ -84,52 +83,3 @@ def storable(data: Any) -> Any:
         return data
     except SerializationError:
         return printable(repr(data))
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """What a write must match: the row's status, the claim's attempt number and owner."""
-
-    task_id: str
-    attempt: int
-    worker_id: str
-    expect: str
-
-
-def outcome_statement(
-    fence: Fence,
-    outcome: Outcome,
-    *,
-    hostname: str | None,
-    pid: int | None,
-    start_next: tuple[str, int] | None = None,
-) -> tuple[str, dict[str, Any]]:
-    """The named statement and parameters that record ``outcome`` under ``fence``.
-
-    ``start_next`` = (task id, attempt) of a task this worker claimed, to be marked
-    RUNNING by the same statement. The statement returns one row: recorded, next_started.
-    """
-    next_id, next_attempt = start_next if start_next is not None else (None, None)
-    params: dict[str, Any] = {
-        "next_id": next_id,
-        "next_attempt": next_attempt,
-        "id": fence.task_id,
-        "attempt": fence.attempt,
-        "worker_id": fence.worker_id,
-        "expect": fence.expect,
-        "result": outcome.result_json,
-        "error_code": outcome.error_code,
-        "error_message": outcome.error_message,
-        "hostname": hostname,
-        "pid": pid,
-    }
-    if outcome.will_retry:
-        params["delay"] = timedelta(seconds=outcome.retry_delay_s or 0.0)
-        return "retry_task", params
-    params["status"] = outcome.status
-    return "finish_task", params
-
-
-def was_recorded(row: Mapping[str, Any] | None) -> bool:
-    """Did an outcome statement's fenced write match (its one row says so)?"""
-    return bool(row and row["recorded"])

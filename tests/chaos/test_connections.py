@@ -16,9 +16,9 @@ from tests.chaos.conftest import APP, FAST, check_history, token, wait_all
 from tests.conftest import WorkerFactory, wait_until
 
 TASKS = 200
-# The workers' connections get their own application_name (the listener takes it from
-# PostgresConfig), so the test's own connections, named 'tether', are spared.
-WORKER_ENV = {**FAST, "TETHER_APPLICATION_NAME": "tether-chaos-worker"}
+# The workers' connections are named by their job (tether-worker, -heartbeat, -reaper,
+# -listener); the test's own connections, named 'tether', are spared.
+WORKER_ENV = FAST
 
 TERMINATE = """
 SELECT application_name, pg_terminate_backend(pid) AS terminated FROM pg_stat_activity
@@ -61,7 +61,7 @@ def test_terminated_connections_lose_no_task_and_run_none_twice(
     assert len(rounds) >= 3, rounds  # the blows really landed mid-run
     first = rounds[0]
     # The first blow hit every kind of connection the workers hold.
-    for name in ("tether-worker", "tether-reaper", "tether-chaos-worker"):
+    for name in ("tether-worker", "tether-reaper", "tether-heartbeat", "tether-listener"):
         assert first.get(name, 0) >= 2, first
 
     wait_all(db, ids, {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED"}, timeout=60)
@@ -76,7 +76,7 @@ def test_terminated_connections_lose_no_task_and_run_none_twice(
         for r in rows
         if r["status"] != "COMPLETED" or r["runs"] != 1
     ]
-    fences = [line for w in started for line in w.log().splitlines() if "fencing itself off" in line]
+    fences = [line for w in started for line in w.log().splitlines() if "isolating itself" in line]
     assert not bad, f"{len(bad)} task(s) not COMPLETED once: {bad[:10]}; self-fencing: {fences}"
     for task_id in ids:
         check_history(db, task_id)

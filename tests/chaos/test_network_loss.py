@@ -131,7 +131,7 @@ def test_a_worker_cut_off_from_the_database_fences_itself(
         wait_until(a_children_gone, timeout=20, message="A to freeze its children (self-fencing)")
     except AssertionError:
         raise AssertionError(f"A's log:\n{a.log()}") from None
-    assert "fencing itself off" in a.log(), a.log()
+    assert "isolating itself" in a.log(), a.log()
 
     # Meanwhile B recovered A's tasks by the rules and ran what may run again.
     wait_all(db, ids, {"COMPLETED", "FAILED"}, timeout=20, why="A's tasks to be recovered by B")
@@ -162,7 +162,7 @@ def test_a_worker_cut_off_from_the_database_fences_itself(
 
     # The network comes back: A writes nothing over the recovery, and goes on.
     db.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
-    wait_until(lambda: "claiming resumes" in a.log(), timeout=20, message="A to unfence")
+    wait_until(lambda: "claiming resumes" in a.log(), timeout=20, message="A to rejoin")
     wait_until(
         lambda: all(
             re.search(rf"task {i} \(\w+\) attempt 1: already settled elsewhere", a.log()) for i in ids[:2]

@@ -122,7 +122,7 @@ def test_a_stopped_worker_is_recovered_and_its_late_writes_change_nothing(
     except AssertionError:
         raise AssertionError(f"A's log:\n{a.log()}") from None
     log = a.log()
-    seen = re.search(r"WARNING .*lost task|fencing itself off|has not stamped its heartbeat", log)
+    seen = re.search(r"WARNING .*lost task|isolating itself|has not stamped its heartbeat", log)
     assert seen, log
     assert a.proc.poll() is None, log
 

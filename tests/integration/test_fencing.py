@@ -17,9 +17,10 @@ import pytest
 
 from tests.apps.support import attempt_rows, load_app_module, task_row
 from tether import ErrorCode, TaskStatus
+from tether.broker.claims import TaskPayload
 from tether.broker.queries import q
+from tether.config import AppConfig, PostgresConfig
 from tether.outcomes import Outcome
-from tether.worker.protocol import TaskPayload
 from tether.worker.recorder import Recorder
 
 A, B = "host-1-aaaa", "host-2-bbbb"
@@ -35,7 +36,8 @@ def basic(database_url: str) -> ModuleType:
 
 @pytest.fixture
 def recorders(database_url: str) -> Iterator[tuple[Recorder, Recorder]]:
-    a, b = Recorder(database_url, A, connect_timeout=2), Recorder(database_url, B, connect_timeout=2)
+    config = AppConfig(broker=PostgresConfig(database_url=database_url, connect_timeout_s=2))
+    a, b = Recorder(database_url, A, config), Recorder(database_url, B, config)
     try:
         yield a, b
     finally:

@@ -18,12 +18,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests.apps.support import connect, load_app_module
 from tests.conftest import WorkerFactory, wait_until
 from tether.broker.queries import q
-from tether.worker import waiting
+from tether.broker.worker_pool import WorkerPool
+from tether.config import AppConfig, PostgresConfig
+from tether.worker import notify_registration
 
 APP = "tests.apps.basic:app"
 
@@ -61,7 +62,7 @@ def fake_worker(db: psycopg.Connection[Any], queues: list[str]) -> str:
 
 
 def register(conn: psycopg.Connection[Any], worker_id: str, queues: list[str]) -> None:
-    """What a worker does when its claim finds nothing (tether.worker.waiting), in one transaction."""
+    """What a worker does when its claim finds nothing (worker/notify_registration.py), in one transaction."""
     with conn.transaction():
         conn.execute(q("lock_queues_for_waiting"), {"queues": queues})
         conn.execute(q("register_waiting"), {"worker_id": worker_id, "queues": queues})
@@ -224,11 +225,13 @@ async def test_a_registration_survives_a_listener_reconnect_in_both_directions(
     """The worker's own bookkeeping, on a real pool: after its listener reconnects it registers
     again at the next empty claim (the reaper may have removed its rows meanwhile), and a
     reconnect during a backlog does not keep it from unregistering."""
-    monkeypatch.setattr(waiting, "BUSY_FOR_S", 0.0)  # "busy for a while" = two full claims
+    monkeypatch.setattr(notify_registration, "BUSY_FOR_S", 0.0)  # "busy for a while" = two full claims
     worker_id = fake_worker(db, ["default", "images"])
     both = {("default", worker_id), ("images", worker_id)}
-    async with AsyncConnectionPool(database_url, min_size=1, max_size=1, open=False) as pool:
-        registration = waiting.WaitRegistration(pool, worker_id, ["images", "default"])
+    pool = WorkerPool(database_url, AppConfig(broker=PostgresConfig(database_url=database_url)))
+    await pool.open()
+    try:
+        registration = notify_registration.NotifyRegistration(pool, worker_id, ["images", "default"])
         assert await registration.after_claim(0, 4) is True  # drained: registered, claim again
         assert waiters(db) == both
         assert await registration.after_claim(1, 4) is False  # still drained: nothing to write
@@ -243,6 +246,8 @@ async def test_a_registration_survives_a_listener_reconnect_in_both_directions(
         for _ in range(2):
             assert await registration.after_claim(4, 4) is False
         assert waiters(db) == set()
+    finally:
+        await pool.close()
 
 
 @pytest.mark.timeout(120)

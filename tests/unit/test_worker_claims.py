@@ -1,13 +1,13 @@
-"""The worker's bookkeeping of claimed tasks, without a database: what it buffers and counts."""
+"""The worker's bookkeeping of claimed tasks, without a database: what it holds and counts."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from tether import TaskError, TaskResult, Tether
+from tether.broker.claims import TaskPayload
 from tether.config import WorkerConfig
 from tether.worker.main import Worker
-from tether.worker.protocol import TaskPayload
 
 
 def make_worker() -> Worker:
@@ -41,13 +41,14 @@ async def test_a_task_claimed_again_in_the_same_attempt_is_held_once() -> None:
     first = payload("a")
     await worker._accept([first, payload("b")])
     await worker._accept([replace(first), payload("c")])
-    assert [t.id for t in worker.buffer] == ["a", "b", "c"]
-    assert sorted(worker.inflight) == ["a", "b", "c"]
-    assert worker.buffer[0] is first  # the copy already held is the one kept
+    assert [t.id for t in worker.holdings.unhanded_tasks()] == ["a", "b", "c"]
+    assert len(worker.holdings) == 3
+    assert worker.holdings.unhanded_tasks()[0] is first  # the copy already held is the one kept
 
 
 async def test_a_new_attempt_of_a_task_is_taken() -> None:
     worker = make_worker()
     await worker._accept([payload("a", attempt=1)])
     await worker._accept([payload("a", attempt=2)])
-    assert worker.inflight["a"].attempt == 2
+    assert [t.attempt for t in worker.holdings.unhanded_tasks()] == [1, 2]
+    assert len(worker.holdings) == 1  # one task, its newer attempt held

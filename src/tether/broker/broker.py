@@ -16,13 +16,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.broker import recovery
 from tether.broker.queries import q
@@ -248,30 +248,6 @@ def _pooled(pool: ConnectionPool[psycopg.Connection[Row]]) -> Iterator[psycopg.C
 def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
     if time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IF_IDLE_S:
         ConnectionPool.check_connection(conn)
-
-
-# The same for the worker's async pool, where a check before every claim was one extra
-# round trip on the way from a NOTIFY to a claimed task.
-_returned_at_async: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], float] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-@asynccontextmanager
-async def pooled_async(
-    pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]],
-) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
-    """A connection of the worker's async pool, checked first only if it sat idle (see _pooled)."""
-    async with pool.connection() as conn:
-        try:
-            yield conn
-        finally:
-            _returned_at_async[conn] = time.monotonic()
-
-
-async def check_if_idle_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    if time.monotonic() - _returned_at_async.get(conn, 0.0) > CHECK_IF_IDLE_S:
-        await AsyncConnectionPool.check_connection(conn)
 
 
 def _positive(name: str, value: float) -> None:

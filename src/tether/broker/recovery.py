@@ -18,18 +18,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
-
-import psycopg
 
 from tether import outcomes
+from tether.broker.claims import Fence, record_outcome
 from tether.broker.queries import q
+from tether.broker.types import Conn, Row
 from tether.config import RecoveryConfig
 
 log = logging.getLogger("tether.recovery")
 
-Row = dict[str, Any]
-Conn = psycopg.Connection[Row]
 BATCH = 500
 
 
@@ -69,6 +66,12 @@ class Recovered:
 
 def _ms(value: int | float) -> timedelta:
     return timedelta(milliseconds=value)
+
+
+def take_reaper_lock(conn: Conn) -> bool:
+    """In the caller's transaction: True if this reaper may act this tick (held to COMMIT)."""
+    row = conn.execute(q("reaper_lock")).fetchone()
+    return bool(row and row["acquired"])
 
 
 def expire_pending(conn: Conn, limit: int = BATCH) -> int:
@@ -120,9 +123,8 @@ def recover_stale_running(
                 or f"no runner heartbeat for {row['silent_s']:.1f}s from worker {row['claimed_by_worker_id']}"
             )
             outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
-            fence = outcomes.Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
-            name, params = outcomes.outcome_statement(fence, outcome, hostname=None, pid=None)
-            if not outcomes.was_recorded(conn.execute(q(name), params).fetchone()):
+            fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
+            if not record_outcome(conn, fence, outcome, hostname=None, pid=None).recorded:
                 continue  # settled by its own worker in the meantime: nothing to do
             row = {**row, "retry_delay_s": outcome.retry_delay_s}
             (retried if outcome.will_retry else failed).append(row)

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from tether.config import PostgresConfig, RecoveryConfig, mask_url
+from tether.config import AppConfig, PostgresConfig, RecoveryConfig, mask_url
 from tether.errors import DatabaseUnreachableError
 
 log = logging.getLogger("tether.db")
@@ -45,6 +45,32 @@ def worker_session_options(recovery: RecoveryConfig) -> dict[str, Any]:
     """
     idle_ms = max(500, min(recovery.claimed_stale_threshold_ms, recovery.running_stale_threshold_ms) // 2)
     return {**TCP_SETTINGS, "options": f"-c idle_in_transaction_session_timeout={idle_ms}"}
+
+
+def worker_connection_options(config: AppConfig, role: str) -> dict[str, Any]:
+    """The options of every connection a worker opens, main process and children alike.
+
+    ``role`` names the connection's job in pg_stat_activity: ``tether-<role>``.
+    """
+    return {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "application_name": f"tether-{role}",
+        "connect_timeout": max(1, round(config.broker.connect_timeout_s)),
+        **worker_session_options(config.recovery),
+    }
+
+
+def connect_worker(url: str, config: AppConfig, role: str) -> psycopg.Connection[dict[str, Any]]:
+    """A worker's dedicated sync connection (see worker_connection_options)."""
+    return psycopg.connect(url, **worker_connection_options(config, role))
+
+
+async def connect_worker_async(
+    url: str, config: AppConfig, role: str
+) -> psycopg.AsyncConnection[dict[str, Any]]:
+    """A worker's dedicated async connection (see worker_connection_options)."""
+    return await psycopg.AsyncConnection.connect(url, **worker_connection_options(config, role))
 
 
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:

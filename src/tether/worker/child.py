@@ -19,12 +19,11 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tether.db.connection import worker_session_options
+from tether.broker.claims import TaskPayload
 from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
-from tether.worker.protocol import TaskPayload
 from tether.worker.recorder import Recorder
 
 log = logging.getLogger("tether.worker.child")
@@ -118,12 +117,7 @@ def child_main(
     app = load_app(app_path)
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     executor = Executor(app)
-    recorder = Recorder(
-        url,
-        worker_id,
-        connect_timeout=max(1, round(app.config.broker.connect_timeout_s)),
-        session=worker_session_options(app.config.recovery),
-    )
+    recorder = Recorder(url, worker_id, app.config)
     try:
         _serve(conn, executor, recorder, guard)
     finally:

@@ -11,11 +11,11 @@ from typing import Any
 
 from tether import codec, outcomes
 from tether.app import Tether
+from tether.broker.claims import TaskPayload
 from tether.errors import SerializationError
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskResult
 from tether.task import Task
-from tether.worker.protocol import TaskPayload
 
 log = logging.getLogger("tether.worker.execute")
 

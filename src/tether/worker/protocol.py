@@ -9,39 +9,11 @@ from __future__ import annotations
 import json
 import select
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from multiprocessing.connection import Connection
 from typing import Any
 
-
-@dataclass(frozen=True, slots=True)
-class TaskPayload:
-    id: str
-    name: str
-    queue: str
-    args: str
-    kwargs: str
-    attempt: int
-    retry_count: int
-    max_retries: int
-    retry_policy: str | None
-    workflow_id: str | None = None  # set when the task is a workflow step
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> TaskPayload:
-        return cls(
-            id=str(row["id"]),
-            name=row["name"],
-            queue=row["queue"],
-            args=row["args"],
-            kwargs=row["kwargs"],
-            attempt=row["attempt"],
-            retry_count=row["retry_count"],
-            max_retries=row["max_retries"],
-            retry_policy=row["retry_policy"],
-            workflow_id=str(row["workflow_id"]) if row.get("workflow_id") else None,
-        )
-
+from tether.broker.claims import TaskPayload
 
 # main -> child
 RUN = "run"  # {"op": "run", "task": TaskPayload}: start this task (next, if asked)

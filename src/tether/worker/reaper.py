@@ -15,13 +15,10 @@ import asyncio
 import logging
 import time
 
-import psycopg
-from psycopg.rows import dict_row
-
 from tether.broker import recovery
-from tether.broker.queries import q
-from tether.config import RecoveryConfig
-from tether.db.connection import worker_session_options
+from tether.broker.types import Conn, DatabaseError, OperationalError
+from tether.config import AppConfig
+from tether.db.connection import connect_worker
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
@@ -33,22 +30,17 @@ MIN_SLEEP_S = 0.05
 
 
 class Reaper:
-    def __init__(self, url: str, config: RecoveryConfig, heartbeat_interval_s: float) -> None:
+    def __init__(self, url: str, config: AppConfig, heartbeat_interval_s: float) -> None:
         self.url = url
-        self.config = config
+        self.app_config = config
+        self.config = config.recovery
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
-        self._conn: psycopg.Connection[dict[str, object]] | None = None
+        self._conn: Conn | None = None
         self._last_prune = -PRUNE_EVERY_S  # prune on the first tick that gets the lock
 
-    def _connection(self) -> psycopg.Connection[dict[str, object]]:
+    def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=dict_row,
-                application_name="tether-reaper",
-                **worker_session_options(self.config),
-            )
+            self._conn = connect_worker(self.url, self.app_config, "reaper")
         return self._conn
 
     def close(self) -> None:
@@ -66,8 +58,7 @@ class Reaper:
         stuck: dict[object, list[object]] = {}
         unfinished: list[object] = []
         with conn.transaction():
-            row = conn.execute(q("reaper_lock")).fetchone()
-            done = self._act(conn) if row and row["acquired"] else None
+            done = self._act(conn) if recovery.take_reaper_lock(conn) else None
             if done is not None:
                 # Read in this transaction, so the steps of tasks failed just now are found.
                 stuck = workflow_recovery.find_stuck(conn)
@@ -79,9 +70,9 @@ class Reaper:
             try:
                 settled = workflow_recovery.reconcile(conn, stuck, unfinished)
                 done.workflow_steps, done.workflows_finished = settled.steps, settled.finished
-            except psycopg.OperationalError:
+            except OperationalError:
                 raise
-            except psycopg.Error as exc:
+            except DatabaseError as exc:
                 log.error("could not reconcile workflow steps: %s", exc)
         if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
             self._last_prune = time.monotonic()
@@ -89,7 +80,7 @@ class Reaper:
                 recovery.prune(conn, self.config)
         return done, wait
 
-    def _act(self, conn: psycopg.Connection[dict[str, object]]) -> recovery.Recovered:
+    def _act(self, conn: Conn) -> recovery.Recovered:
         cfg = self.config
         done = recovery.Recovered()
         done.expired = recovery.expire_pending(conn)
@@ -102,11 +93,11 @@ class Reaper:
         try:
             with conn.transaction():
                 done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
-        except psycopg.Error as exc:
+        except DatabaseError as exc:
             log.error("could not check workers for stale heartbeats: %s", exc)
         return done
 
-    def _sleep_for(self, conn: psycopg.Connection[dict[str, object]]) -> float:
+    def _sleep_for(self, conn: Conn) -> float:
         """Until the next thing turns stale or expires, within [MIN_SLEEP_S, check_interval]."""
         check = self.config.check_interval_ms / 1000
         due = recovery.next_due_in(conn, self.config)
@@ -123,7 +114,7 @@ async def reaper_loop(reaper: Reaper) -> None:
             if done is not None and _full(done):
                 wait = 0.0
             backoff = 0.5
-        except psycopg.Error as exc:
+        except DatabaseError as exc:
             reaper.close()
             log.error("reaper tick failed: %s; next try in %.1fs", exc, backoff)
             wait = backoff

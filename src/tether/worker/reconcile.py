@@ -13,12 +13,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-import psycopg
-from psycopg.rows import dict_row
-
-from tether.broker import recovery
-from tether.broker.queries import q
-from tether.db.connection import TCP_SETTINGS
+from tether.broker import recovery, workers
+from tether.config import AppConfig
+from tether.db.connection import connect_worker
 from tether.worker.identity import Identity, process_start_time
 
 log = logging.getLogger("tether.worker.reconcile")
@@ -36,24 +33,20 @@ def is_same_process(pid: int, started_at: datetime | None) -> bool:
     return abs((now_started - started_at).total_seconds()) <= START_TIME_SLACK_S
 
 
-def reconcile_host(url: str, me: Identity) -> recovery.Recovered:
+def reconcile_host(url: str, config: AppConfig, me: Identity) -> recovery.Recovered:
     done = recovery.Recovered()
-    with psycopg.connect(
-        url, autocommit=True, row_factory=dict_row, application_name="tether-worker", **TCP_SETTINGS
-    ) as conn:
-        others = conn.execute(
-            q("workers_on_host"), {"hostname": me.hostname, "host_key": me.host_key, "me": me.worker_id}
-        ).fetchall()
+    with connect_worker(url, config, "worker") as conn:
+        others = workers.workers_on_host(conn, hostname=me.hostname, host_key=me.host_key, me=me.worker_id)
         for other in others:
-            if is_same_process(other["pid"], other["process_started_at"]):
+            if is_same_process(other.pid, other.process_started_at):
                 continue
-            why = f"its worker {other['id']} (pid {other['pid']}) on this host is gone"
+            why = f"its worker {other.worker_id} (pid {other.pid}) on this host is gone"
             log.warning(
                 "worker %s is gone (pid %s no longer runs it): recovering its tasks",
-                other["id"],
-                other["pid"],
+                other.worker_id,
+                other.pid,
             )
-            done.merge(recovery.recover_worker(conn, other["id"], why))
+            done.merge(recovery.recover_worker(conn, other.worker_id, why))
     if done.acted:
         log.info(
             "startup reconciliation: %d worker(s) marked inactive, "

@@ -12,7 +12,6 @@ the row to tell "already recorded by us" from "lost".
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -21,59 +20,47 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import psycopg
-from psycopg.rows import dict_row
-
-from tether.broker.queries import q
-from tether.db.connection import TCP_SETTINGS
-from tether.outcomes import Fence, Outcome, outcome_statement, was_recorded
-from tether.worker.protocol import TaskPayload
+from tether import outcomes
+from tether.broker import claims, heartbeats
+from tether.broker.claims import Fence, TaskPayload
+from tether.broker.types import Conn, OperationalError
+from tether.config import AppConfig
+from tether.db.connection import connect_worker
+from tether.outcomes import Outcome
+from tether.result import TaskError
 from tether.workflow import engine
 
 log = logging.getLogger("tether.worker.recorder")
 
 T = TypeVar("T")
-Row = dict[str, Any]
 
 
 class Recorder:
+    """The fenced writes of one process (a child, or the worker's main process) on its own connection."""
+
     def __init__(
-        self,
-        url: str,
-        worker_id: str,
-        *,
-        connect_timeout: int = 5,
-        give_up_after_s: float = 300.0,
-        session: dict[str, Any] | None = None,
+        self, url: str, worker_id: str, config: AppConfig, *, give_up_after_s: float = 300.0
     ) -> None:
         self.url = url
         self.worker_id = worker_id
+        self.config = config
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
-        self.connect_timeout = connect_timeout
         self.give_up_after_s = give_up_after_s
-        self.session = session if session is not None else dict(TCP_SETTINGS)
-        self._conn: psycopg.Connection[Row] | None = None
+        self._conn: Conn | None = None
         # The main process calls in from worker threads; one statement at a time.
         self._lock = threading.RLock()
 
-    def _connection(self) -> psycopg.Connection[Row]:
+    def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=self.connect_timeout,
-                application_name="tether-worker",
-                **self.session,
-            )
+            self._conn = connect_worker(self.url, self.config, "worker")
         return self._conn
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
 
-    def _with_retry(self, what: str, work: Callable[[psycopg.Connection[Row]], T]) -> tuple[T, bool]:
+    def _with_retry(self, what: str, work: Callable[[Conn], T]) -> tuple[T, bool]:
         """Run ``work``; on a lost connection reconnect and run it again. Returns (value, retried)."""
         delay = 0.05
         deadline = time.monotonic() + self.give_up_after_s
@@ -82,7 +69,7 @@ class Recorder:
             while True:
                 try:
                     return work(self._connection()), retried
-                except psycopg.OperationalError as exc:
+                except OperationalError as exc:
                     if self._conn is not None:
                         self._conn.close()
                     if time.monotonic() > deadline:
@@ -107,11 +94,10 @@ class Recorder:
 
     def start(self, task: TaskPayload) -> bool:
         """CLAIMED -> RUNNING. False if the claim was lost (then the code must not run)."""
-        params = {"id": task.id, "attempt": task.attempt, "worker_id": self.worker_id}
-        rows, retried = self._with_retry(
-            f"starting task {task.id}", lambda c: c.execute(q("start_task"), params).fetchall()
+        started, retried = self._with_retry(
+            f"starting task {task.id}", lambda c: claims.start_task(c, task, self.worker_id)
         )
-        return bool(rows) or self._explain_miss(task, "start", retried, settled="RUNNING")
+        return started or self._explain_miss(task, "start", retried, settled="RUNNING")
 
     def record(
         self, task: TaskPayload, outcome: Outcome, next_task: TaskPayload | None = None
@@ -120,19 +106,15 @@ class Recorder:
 
         Returns (outcome recorded, next started or None when there was no next).
         """
-        name, params = outcome_statement(
-            self.fence(task, "RUNNING"),
-            outcome,
-            hostname=self.hostname,
-            pid=self.pid,
-            start_next=None if next_task is None else (next_task.id, next_task.attempt),
-        )
+        fence = self.fence(task, "RUNNING")
 
-        def work(c: psycopg.Connection[Row]) -> tuple[bool, bool | None]:
+        def work(c: Conn) -> tuple[bool, bool | None]:
             # One statement in autocommit: the outcome, its attempt row and the next
             # task's start commit together, in one round trip.
-            row = c.execute(q(name), params).fetchone()
-            return was_recorded(row), None if next_task is None else bool(row and row["next_started"])
+            done = claims.record_outcome(
+                c, fence, outcome, hostname=self.hostname, pid=self.pid, start_next=next_task
+            )
+            return done.recorded, None if next_task is None else done.next_started
 
         (recorded, started), retried = self._with_retry(f"recording task {task.id}", work)
         if not recorded:
@@ -145,13 +127,12 @@ class Recorder:
 
     def record_for(self, task: TaskPayload, outcome: Outcome, *, expect: str) -> bool:
         """Record an outcome decided outside the child (crash, unregistered): ``expect`` -> outcome."""
-        name, params = outcome_statement(
-            self.fence(task, expect), outcome, hostname=self.hostname, pid=self.pid
+        fence = self.fence(task, expect)
+        done, retried = self._with_retry(
+            f"recording task {task.id}",
+            lambda c: claims.record_outcome(c, fence, outcome, hostname=self.hostname, pid=self.pid),
         )
-        row, retried = self._with_retry(
-            f"recording task {task.id}", lambda c: c.execute(q(name), params).fetchone()
-        )
-        recorded = was_recorded(row) or (
+        recorded = done.recorded or (
             retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
         )
         if recorded:
@@ -179,67 +160,69 @@ class Recorder:
                 workflow_id,
             )
 
+    def record_crash(self, task: TaskPayload, killed_for: TaskError | None) -> str:
+        """A child holding ``task`` died: its started task failed, an unstarted one never ran.
+
+        killed_for: the worker killed the child (its time limit passed); else it crashed.
+        Returns what became of the task, for the log.
+        """
+        if killed_for is not None:
+            outcome = outcomes.failure(killed_for, task.retry_policy, task.retry_count)
+        else:
+            outcome = outcomes.crashed(
+                task.retry_policy, task.retry_count, "the worker process running this task died"
+            )
+        code = outcome.error_code
+        if self.record_for(task, outcome, expect="RUNNING"):
+            return f"retry scheduled after {code}" if outcome.will_retry else f"FAILED with {code}"
+        if self.release([task]):
+            return "released back to PENDING (its code never started)"
+        return "already settled elsewhere"
+
     def unstart(self, task: TaskPayload) -> bool:
         """RUNNING -> PENDING for a task this process started but whose code it never ran."""
-        params = {"id": task.id, "attempt": task.attempt, "worker_id": self.worker_id}
-        rows, _ = self._with_retry(
-            f"giving back task {task.id}", lambda c: c.execute(q("unstart_task"), params).fetchall()
+        given_back, _ = self._with_retry(
+            f"giving back task {task.id}", lambda c: claims.unstart_task(c, task, self.worker_id)
         )
-        return bool(rows)
+        return given_back
 
     def release(self, tasks: list[TaskPayload]) -> int:
         """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""
-        params = {
-            "ids": [t.id for t in tasks],
-            "attempts": [t.attempt for t in tasks],
-            "worker_id": self.worker_id,
-        }
-        row, _ = self._with_retry(
-            "releasing claimed tasks", lambda c: c.execute(q("release_claimed"), params).fetchone()
+        released, _ = self._with_retry(
+            "releasing claimed tasks", lambda c: claims.release_claimed(c, tasks, self.worker_id)
         )
-        return int(row["released"]) if row else 0
+        return released
 
     def report_progress(self, task: TaskPayload, progress: dict[str, Any]) -> bool:
         """Store progress on the row (fenced); it also counts as a runner heartbeat."""
-        params = {
-            "id": task.id,
-            "attempt": task.attempt,
-            "worker_id": self.worker_id,
-            "progress": json.dumps(progress),
-        }
-        rows, _ = self._with_retry(
+        reported, _ = self._with_retry(
             f"reporting progress of task {task.id}",
-            lambda c: c.execute(q("report_progress"), params).fetchall(),
+            lambda c: heartbeats.report_progress(c, task.id, task.attempt, self.worker_id, progress),
         )
-        return bool(rows)
+        return reported
 
     def _explain_miss(self, task: TaskPayload, action: str, retried: bool, *, settled: str) -> bool:
         """A fenced write matched nothing. True if it was in fact our own earlier commit."""
-        row, _ = self._with_retry(
-            f"reading task {task.id}", lambda c: c.execute(q("get_fence"), {"id": task.id}).fetchone()
-        )
+        now, _ = self._with_retry(f"reading task {task.id}", lambda c: claims.read_fence(c, task.id))
         if (
             retried
-            and row is not None
-            and row["attempt"] == task.attempt
-            and row["status"] == settled
-            and row["claimed_by_worker_id"] in (self.worker_id, None)
+            and now is not None
+            and now.attempt == task.attempt
+            and now.status == settled
+            and now.owner in (self.worker_id, None)
             # An outcome is ours only if this process wrote its attempt row (a reaper
             # that recorded the same status leaves pid NULL); a start has no such row.
-            and (settled == "RUNNING" or row["recorded_by_pid"] == self.pid)
+            and (settled == "RUNNING" or now.recorded_by_pid == self.pid)
         ):
             log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
             return True
-        if row is None:
-            now = "gone"
-        else:
-            now = f"{row['status']}, attempt {row['attempt']}, owner {row['claimed_by_worker_id']}"
+        holder = "gone" if now is None else f"{now.status}, attempt {now.attempt}, owner {now.owner}"
         log.warning(
             "lost task %s (%s) attempt %d: could not %s, the row moved on (now %s); nothing was changed",
             task.id,
             task.name,
             task.attempt,
             action,
-            now,
+            holder,
         )
         return False

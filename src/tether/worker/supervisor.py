@@ -12,17 +12,16 @@ import logging
 import multiprocessing
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from tether.broker.claims import TaskPayload
 from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.child import child_main
-from tether.worker.protocol import TaskPayload
 
 log = logging.getLogger("tether.worker.supervisor")
 
@@ -33,18 +32,13 @@ _CTX = multiprocessing.get_context("spawn")
 
 @dataclass(eq=False)
 class ChildSlot:
+    """One child process: its pipe and whether it is ready. The tasks it holds are in Holdings."""
+
     index: int
     process: BaseProcess
     conn: Connection
     ready: bool = False
-    running: bool = False  # current is RUNNING (the child said STARTED)
-    frozen: bool = False  # SIGSTOPped by the worker's self-fencing
-    current: TaskPayload | None = None  # sent to the child: starting, running or finishing
-    # Sent to the child ahead of time, oldest first, not started yet: the child starts the
-    # oldest in the same commit that records its current task's outcome.
-    queued: deque[TaskPayload] = field(default_factory=deque)
     killed_for: TaskError | None = None  # why the worker killed this child (its time limit)
-    extra: dict[str, Any] = field(default_factory=dict)
     has_message: Callable[[], bool] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -53,13 +47,6 @@ class ChildSlot:
     @property
     def pid(self) -> int | None:
         return self.process.pid
-
-    @property
-    def idle(self) -> bool:
-        return self.ready and self.current is None
-
-    def held(self) -> list[TaskPayload]:
-        return ([self.current] if self.current is not None else []) + list(self.queued)
 
 
 OnMessage = Callable[[ChildSlot, dict[str, Any]], None]
@@ -164,6 +151,30 @@ class Supervisor:
 
     def alive(self) -> list[ChildSlot]:
         return list(self.slots.values())
+
+    def kill_hung(self, limit_s: float, running: Callable[[int], TaskPayload | None]) -> None:
+        """Kill every child running a task whose heartbeat thread has not stamped for ``limit_s``.
+
+        Such a child is hung (or a C call holds the GIL). ``running(slot)``: its task, or
+        None when it runs nothing or is frozen on purpose. The exit is then seen and
+        recorded like any other crash.
+        """
+        for slot in self.alive():
+            task = running(slot.index)
+            if task is None or not slot.process.is_alive():
+                continue
+            age = self.stamp_age(slot)
+            if age > limit_s:
+                log.error(
+                    "child %d (pid %s) running task %s (%s) has not stamped its heartbeat for %.1fs "
+                    "(hung, or the GIL is held): killing it",
+                    slot.index,
+                    slot.pid,
+                    task.id,
+                    task.name,
+                    age,
+                )
+                slot.process.kill()
 
     def kill_all(self) -> None:
         for slot in self.alive():

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from tether.broker.claims import TaskPayload
 from tether.result import ErrorCode, TaskError
 from tether.worker.supervisor import ChildSlot
 
@@ -25,16 +26,19 @@ log = logging.getLogger("tether.worker.time_limits")
 
 
 class TimeLimits:
-    def __init__(self, limit_for: Callable[[str], float | None]) -> None:
+    def __init__(
+        self, limit_for: Callable[[str], float | None], running: Callable[[int], TaskPayload | None]
+    ) -> None:
+        """limit_for(name): a task name's limit in seconds; running(slot): the task a child runs."""
         self._limit_for = limit_for
+        self._running = running
         self._timers: dict[ChildSlot, asyncio.TimerHandle] = {}
 
-    def started(self, slot: ChildSlot) -> None:
-        """The slot's current task is now running: arm its limit, if it has one."""
+    def started(self, slot: ChildSlot, task: TaskPayload) -> None:
+        """``task`` now runs in ``slot``: arm its limit, if it has one."""
         self.finished(slot)
-        task = slot.current
-        limit = self._limit_for(task.name) if task is not None else None
-        if task is None or limit is None:
+        limit = self._limit_for(task.name)
+        if limit is None:
             return
         self._timers[slot] = asyncio.get_running_loop().call_later(
             limit, self._expired, slot, task.id, task.attempt, limit
@@ -48,9 +52,9 @@ class TimeLimits:
 
     def _expired(self, slot: ChildSlot, task_id: str, attempt: int, limit: float) -> None:
         self._timers.pop(slot, None)
-        task = slot.current
+        task = self._running(slot.index)
         # Only the attempt the timer was armed for: never a later task of the same child.
-        if not (slot.running and task is not None and task.id == task_id and task.attempt == attempt):
+        if task is None or task.id != task_id or task.attempt != attempt:
             return
         if not slot.process.is_alive():
             return  # it died by itself; the supervisor records that as a crash

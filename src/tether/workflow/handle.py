@@ -13,7 +13,7 @@ from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
 from tether.handle import TaskHandle, _check_timeout, _timed_out
 from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
-from tether.waiter import wait_for, wait_for_async
+from tether.result_listener import wait_for, wait_for_async
 from tether.workflow import engine
 
 if TYPE_CHECKING:

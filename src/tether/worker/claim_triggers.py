@@ -1,4 +1,4 @@
-"""When the worker's claim loop looks for work again: notifications, timers, the poll.
+"""What makes the claim loop look for work again: notifications, timers, the poll.
 
 The claim loop claims while ``maybe_more`` says there may be work, and otherwise
 sleeps until woken. Sources of "there may be work": a notification for work due
@@ -20,7 +20,7 @@ RECHECK_AFTER_NOTIFY_S = 0.05
 DUE_NOW_S = 0.005
 
 
-class Wakeups:
+class ClaimTriggers:
     def __init__(self, poll_interval_s: float) -> None:
         self.poll_interval_s = poll_interval_s
         self.maybe_more = True

@@ -20,7 +20,7 @@ import psycopg
 if TYPE_CHECKING:
     from tether.broker import PostgresBroker
 
-log = logging.getLogger("tether.waiter")
+log = logging.getLogger("tether.result_listener")
 
 Wake = Callable[[], None]
 R = TypeVar("R")

@@ -1,4 +1,4 @@
-"""Tell senders whether this worker waits for new work, so that only then do they NOTIFY.
+"""Ask senders to NOTIFY this worker of new work only while it waits for some.
 
 A send notifies its queue only when a worker is registered as waiting for it
 (``tether_queue_waiters``, migration 0005): NOTIFY serialises commits across the
@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
+from tether.broker import waiters
+from tether.broker.types import DatabaseError
+from tether.broker.worker_pool import WorkerPool
 
-from tether.broker.broker import pooled_async
-from tether.broker.queries import q
-
-log = logging.getLogger("tether.worker.waiting")
+log = logging.getLogger("tether.worker.notify_registration")
 
 # How long claims must keep filling every free slot before the worker stops
 # asking to be notified: a burst shorter than this keeps the registration, so a
@@ -35,10 +32,10 @@ log = logging.getLogger("tether.worker.waiting")
 BUSY_FOR_S = 1.0
 
 
-class WaitRegistration:
+class NotifyRegistration:
     """This worker's row(s) in tether_queue_waiters, as far as it knows."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], worker_id: str, queues: list[str]) -> None:
+    def __init__(self, pool: WorkerPool, worker_id: str, queues: list[str]) -> None:
         self.pool = pool
         self.worker_id = worker_id
         self.queues = sorted(set(queues))
@@ -67,11 +64,10 @@ class WaitRegistration:
 
     async def _register(self) -> bool:
         try:
-            async with pooled_async(self.pool) as conn, conn.transaction():
-                params = {"worker_id": self.worker_id, "queues": self.queues}
-                await conn.execute(q("lock_queues_for_waiting"), params)
-                await conn.execute(q("register_waiting"), params)
-        except psycopg.Error as exc:
+            await self.pool.run(
+                "registering as waiting", lambda c: waiters.register_waiting(c, self.worker_id, self.queues)
+            )
+        except DatabaseError as exc:
             # Not fatal: without the row, sends do not notify and the poll finds their tasks.
             log.warning("could not register as waiting for work on %s (%s); polling", self.queues, exc)
             return False
@@ -81,9 +77,10 @@ class WaitRegistration:
 
     async def _unregister(self) -> None:
         try:
-            async with pooled_async(self.pool) as conn:
-                await conn.execute(q("unregister_waiting"), {"worker_id": self.worker_id})
-        except psycopg.Error as exc:
+            await self.pool.run(
+                "unregistering as waiting", lambda c: waiters.unregister_waiting(c, self.worker_id)
+            )
+        except DatabaseError as exc:
             # Harmless: sends keep notifying a worker that is busy anyway.
             log.warning("could not unregister as waiting for work (%s)", exc)
             return

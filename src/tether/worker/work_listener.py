@@ -7,19 +7,16 @@ import logging
 import time
 from collections.abc import Callable
 
-import psycopg
+from tether.broker import notifications
+from tether.broker.types import DatabaseError
+from tether.config import AppConfig
+from tether.db.connection import connect_worker_async
 
-from tether.config import PostgresConfig
-from tether.db.connection import connect_async
-
-log = logging.getLogger("tether.worker.listener")
-
-CHANNEL = "tether_work"
-
+log = logging.getLogger("tether.worker.work_listener")
 
 async def listen_for_work(
     url: str,
-    config: PostgresConfig,
+    config: AppConfig,
     queues: set[str],
     on_work: Callable[[float | None], None],
     on_connected: Callable[[], None],
@@ -32,9 +29,9 @@ async def listen_for_work(
     backoff = 0.1
     while True:
         try:
-            conn = await connect_async(url, config)
+            conn = await connect_worker_async(url, config, "listener")
             async with conn:
-                await conn.execute(f"LISTEN {CHANNEL}")
+                await notifications.listen_async(conn, notifications.WORK_CHANNEL)
                 backoff = 0.1
                 on_connected()
                 async for note in conn.notifies():
@@ -43,7 +40,7 @@ async def listen_for_work(
                         on_work(_seconds_until(run_at))
         except asyncio.CancelledError:
             raise
-        except (psycopg.Error, OSError, ConnectionError) as exc:
+        except (DatabaseError, OSError, ConnectionError) as exc:
             log.warning("work listener disconnected (%s); reconnecting in %.1fs", exc, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

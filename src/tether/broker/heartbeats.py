@@ -1,0 +1,67 @@
+"""Heartbeats (heartbeats.sql): the worker's one statement per interval, and progress reports."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.broker.queries import q
+from tether.broker.types import AsyncConn, Conn
+
+
+@dataclass
+class Beat:
+    """One heartbeat's content: every task the worker holds, in the role it holds it."""
+
+    task_ids: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    running: int = 0
+    claimed: int = 0
+
+    def add(self, task_id: str, role: str, pid: int) -> None:
+        self.task_ids.append(task_id)
+        self.roles.append(role)
+        self.pids.append(pid)
+        if role == "runner":
+            self.running += 1
+        else:
+            self.claimed += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A row for tether_worker_states, added to some beats."""
+
+    tasks_done: int
+    rss_bytes: int | None
+    cpu_percent: float | None
+
+
+async def write_heartbeats(
+    conn: AsyncConn, *, worker_id: str, hostname: str, beat: Beat, snapshot: Snapshot | None
+) -> set[str]:
+    """Write the beat; returns the ids of the tasks reported that this worker no longer holds."""
+    params: dict[str, Any] = {
+        "worker_id": worker_id,
+        "hostname": hostname,
+        "task_ids": beat.task_ids,
+        "roles": beat.roles,
+        "pids": beat.pids,
+        "snapshot": snapshot is not None,
+        "running": beat.running,
+        "claimed": beat.claimed,
+        "tasks_done": snapshot.tasks_done if snapshot else None,
+        "rss_bytes": snapshot.rss_bytes if snapshot else None,
+        "cpu_percent": snapshot.cpu_percent if snapshot else None,
+    }
+    cur = await conn.execute(q("write_heartbeats"), params)
+    row = await cur.fetchone()
+    return set(row["lost"]) if row and row["lost"] else set()
+
+
+def report_progress(conn: Conn, task_id: str, attempt: int, worker_id: str, progress: Any) -> bool:
+    """Store progress on a RUNNING row (fenced); it counts as a runner heartbeat too."""
+    params = {"id": task_id, "attempt": attempt, "worker_id": worker_id, "progress": json.dumps(progress)}
+    return bool(conn.execute(q("report_progress"), params).fetchall())

@@ -1,0 +1,24 @@
+"""The NOTIFY channels tether uses, and subscribing to them.
+
+tether_work: '<queue> <epoch of the earliest run_at>' when work becomes claimable;
+tether_done: '<task id>' when a task a handle waits for reaches a terminal state.
+"""
+
+from __future__ import annotations
+
+from typing import Final, LiteralString
+
+from tether.broker.types import AsyncConn, Conn
+
+WORK_CHANNEL: Final = "tether_work"
+DONE_CHANNEL: Final = "tether_done"
+
+_LISTEN: dict[str, LiteralString] = {WORK_CHANNEL: "LISTEN tether_work", DONE_CHANNEL: "LISTEN tether_done"}
+
+
+def listen(conn: Conn, channel: str) -> None:
+    conn.execute(_LISTEN[channel])
+
+
+async def listen_async(conn: AsyncConn, channel: str) -> None:
+    await conn.execute(_LISTEN[channel])

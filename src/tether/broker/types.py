@@ -1,0 +1,23 @@
+"""The database types every broker function speaks: rows, connections, pools and errors.
+
+Code outside broker/ names these instead of psycopg's, so only the broker (and the few
+places that open connections or LISTEN) depends on the driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+Row = dict[str, Any]
+Conn = psycopg.Connection[Row]
+AsyncConn = psycopg.AsyncConnection[Row]
+AsyncPool = AsyncConnectionPool[AsyncConn]
+
+#: Any error from the database or the driver.
+DatabaseError = psycopg.Error
+#: The connection is gone or unusable (server restart, network, pg_terminate_backend), or
+#: the server refused to go on (e.g. a session timeout): the statement may be retried.
+OperationalError = psycopg.OperationalError

@@ -1,0 +1,69 @@
+"""The worker registry (workers.sql): a worker's row, its siblings, and who runs which names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tether.broker.queries import q
+from tether.broker.types import AsyncConn, Conn
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a starting worker writes about itself."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    process_started_at: datetime
+    host_key: str
+    queues: list[str]
+    processes: int
+    version: str
+    task_names: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Sibling:
+    """Another worker registered on this host (same hostname and host key)."""
+
+    worker_id: str
+    pid: int
+    process_started_at: datetime | None
+    status: str
+
+
+async def register_worker(conn: AsyncConn, me: Registration) -> None:
+    await conn.execute(
+        q("register_worker"),
+        {
+            "id": me.worker_id,
+            "hostname": me.hostname,
+            "pid": me.pid,
+            "process_started_at": me.process_started_at,
+            "queues": me.queues,
+            "processes": me.processes,
+            "version": me.version,
+            "task_names": me.task_names,
+            "host_key": me.host_key,
+        },
+    )
+
+
+async def stop_worker(conn: AsyncConn, worker_id: str) -> None:
+    """Mark the worker stopped; it no longer waits for work."""
+    await conn.execute(q("stop_worker"), {"id": worker_id})
+
+
+async def name_known_elsewhere(conn: AsyncConn, *, me: str, name: str, queue: str) -> bool:
+    """Does another active worker serving ``queue`` know the task name ``name``?"""
+    cur = await conn.execute(q("name_known_elsewhere"), {"me": me, "name": name, "queue": queue})
+    row = await cur.fetchone()
+    return bool(row and row["known"])
+
+
+def workers_on_host(conn: Conn, *, hostname: str, host_key: str, me: str) -> list[Sibling]:
+    """Other workers of this host that are active, or inactive and still own in-flight tasks."""
+    rows = conn.execute(q("workers_on_host"), {"hostname": hostname, "host_key": host_key, "me": me})
+    return [Sibling(r["id"], r["pid"], r["process_started_at"], r["status"]) for r in rows.fetchall()]

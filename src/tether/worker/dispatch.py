@@ -1,0 +1,184 @@
+"""Handing claimed tasks to the children, and following what the children say and do.
+
+The main process never runs a task's code: it hands each claimed task to a child
+(RUN), learns that the child started it (STARTED), hands it the next one when asked
+(NEXT) or ahead of time, and learns that its outcome is recorded (DONE). A child
+that exits holding tasks has them recorded as crashed (or released, if they never
+started) by the recorder, and a replacement child is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tether.broker.claims import TaskPayload
+from tether.broker.types import DatabaseError
+from tether.result import TaskError
+from tether.worker import protocol
+from tether.worker.holdings import Holdings
+from tether.worker.recorder import Recorder
+from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.time_limits import TimeLimits
+
+log = logging.getLogger("tether.worker.dispatch")
+
+# Tasks handed to a busy child ahead of time (see hand_out).
+PUSH_AHEAD = 2
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        processes: int,
+        holdings: Holdings,
+        time_limits: TimeLimits,
+        recorder: Recorder,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.processes = processes
+        self.holdings = holdings
+        self.time_limits = time_limits
+        self.recorder = recorder
+        self.on_change = on_change  # a slot may have freed up: the claim loop looks again
+        self.supervisor: Supervisor | None = None  # set once the children are started
+        self.stopping = False
+        self.tasks_done = 0
+        self.no_children = asyncio.Event()
+        self.recording: set[asyncio.Task[None]] = set()
+
+    def idle(self, slot: ChildSlot) -> bool:
+        return slot.ready and self.holdings.current(slot.index) is None
+
+    def hand_out(self) -> None:
+        """Give unhanded tasks to idle children, then push the next ones to busy children."""
+        if self.supervisor is None:
+            return
+        sup, held = self.supervisor, self.holdings
+        for slot in sup.alive():
+            if not held.unhanded or self.stopping:
+                return
+            if self.idle(slot):
+                task = held.next_unhanded()
+                assert task is not None
+                held.hand(slot.index, task)
+                if not sup.send(slot, protocol.RUN, task=task):
+                    held.unhand(slot.index)
+        # Every child is busy and work is waiting: hand each busy child its next tasks
+        # now (PUSH_AHEAD of them, one round of children at a time), so it need not ask
+        # and wait for them. With two, the next-but-one is already in the child's pipe
+        # when it finishes a short task: the main process's answer is off the child's
+        # path. They wait behind the child's current task: that is what prefetch means
+        # (--prefetch 0 for long or uneven tasks).
+        children = sup.alive()
+        if len(children) < self.processes or any(
+            not s.ready or held.current(s.index) is None for s in children
+        ):
+            return  # a child is starting, restarting or free: it will take the work itself
+        for depth in range(1, PUSH_AHEAD + 1):
+            for slot in children:
+                if not held.unhanded or self.stopping:
+                    return
+                if held.queued(slot.index) < depth:
+                    task = held.next_unhanded()
+                    assert task is not None
+                    if sup.send(slot, protocol.RUN, task=task):
+                        held.push(slot.index, task)
+                    else:
+                        held.put_back(task)
+
+    def stop_idle_children(self) -> None:
+        """Graceful stop: children with nothing to do exit now; busy ones after their task."""
+        assert self.supervisor is not None
+        for slot in self.supervisor.alive():
+            if self.idle(slot):
+                self.supervisor.send(slot, protocol.STOP)
+
+    # -- what the children say ---------------------------------------------------------
+
+    def on_message(self, slot: ChildSlot, msg: dict[str, Any]) -> None:
+        assert self.supervisor is not None
+        held, op = self.holdings, msg["op"]
+        if op == protocol.READY:
+            slot.ready = True
+            if self.stopping:
+                self.supervisor.send(slot, protocol.STOP)
+        elif op == protocol.STARTED:
+            if msg["lost"]:
+                held.start_lost(slot.index)
+            elif (task := held.started(slot.index)) is not None:
+                self.time_limits.started(slot, task)
+        elif op == protocol.NEXT:
+            self._answer_next(slot)
+        elif op == protocol.DONE:
+            self.tasks_done += 1
+            self.time_limits.finished(slot)
+            next_started = None if msg["next_id"] is None else not msg["next_lost"]
+            running = held.finished(slot.index, msg["id"], next_started)
+            if running is not None:
+                self.time_limits.started(slot, running)
+            if self.stopping and held.current(slot.index) is None:
+                self.supervisor.send(slot, protocol.STOP)
+        self.hand_out()
+        self.on_change()
+
+    def _answer_next(self, slot: ChildSlot) -> None:
+        assert self.supervisor is not None
+        if self.holdings.queued(slot.index):
+            return  # a RUN pushed to this child already answers its question
+        if self.stopping:
+            self.supervisor.send(slot, protocol.STOP)
+        elif (task := self.holdings.next_unhanded()) is not None:
+            self.holdings.push(slot.index, task)
+            self.supervisor.send(slot, protocol.RUN, task=task)
+        else:
+            self.supervisor.send(slot, protocol.NONE)
+
+    # -- what the children do -----------------------------------------------------------
+
+    def on_exit(self, slot: ChildSlot, code: int | None) -> None:
+        self.time_limits.finished(slot)
+        held = self.holdings.child_gone(slot.index)
+        if held or not self.stopping:
+            log.error(
+                "child %d (pid %s) exited with code %s holding %d task(s)",
+                slot.index,
+                slot.pid,
+                code,
+                len(held),
+            )
+        if held:
+            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for))
+            self.recording.add(recording)
+            recording.add_done_callback(self.recording.discard)
+        if self.supervisor is None:
+            return
+        if not self.stopping:
+            self.supervisor.spawn(slot.index)
+        elif not self.supervisor.alive():
+            self.no_children.set()
+
+    async def _record_crash(self, held: list[TaskPayload], killed_for: TaskError | None) -> None:
+        for task in held:
+            try:
+                verdict = await asyncio.to_thread(self.recorder.record_crash, task, killed_for)
+            except DatabaseError as exc:
+                # The database stayed away longer than the recorder retries: the reaper
+                # (here or elsewhere) recovers the task by its heartbeats instead.
+                verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
+            self.holdings.forget(task.id)
+            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
+        self.on_change()
+
+    async def kill_children(self) -> None:
+        """Kill every child still alive and wait until their tasks are recorded."""
+        assert self.supervisor is not None
+        if self.supervisor.alive():
+            self.supervisor.kill_all()
+            await self.no_children.wait()
+        # A killed child's tasks are being recorded (crashed or released): let that finish.
+        if self.recording:
+            await asyncio.gather(*self.recording, return_exceptions=True)

@@ -1,0 +1,223 @@
+"""Where each task this worker holds sits in its main process, from claim to recorded outcome.
+
+A task is held from the claim that returned it until its outcome is recorded (or it
+is given back, or found lost). Meanwhile it is in exactly one place:
+
+- unhanded: claimed, waiting in the main process for a child;
+- a child's current task: handed to that child as the one it runs next or now
+  (``running`` once the child said it is RUNNING);
+- a child's queue: pushed to a busy child ahead of time; it starts that task in the
+  same statement that records its current one.
+
+A child's tasks are frozen while the worker isolates itself (its process is stopped).
+Every other part of the worker asks and changes these places through this class only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from tether.broker.claims import TaskPayload
+from tether.broker.heartbeats import Beat
+
+log = logging.getLogger("tether.worker.holdings")
+
+
+@dataclass
+class _ChildTasks:
+    current: TaskPayload | None = None
+    running: bool = False  # current is RUNNING (the child said so)
+    queued: deque[TaskPayload] = field(default_factory=deque)  # oldest first, none started
+    frozen: bool = False
+
+
+class Holdings:
+    def __init__(self) -> None:
+        self._unhanded: deque[TaskPayload] = deque()
+        self._held: dict[str, TaskPayload] = {}
+        self._children: dict[int, _ChildTasks] = {}
+
+    def __len__(self) -> int:
+        """How many tasks are held, wherever they sit (the claim loop's capacity counts these)."""
+        return len(self._held)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._held
+
+    # -- claimed, not handed --------------------------------------------------------
+
+    def take(self, task: TaskPayload) -> bool:
+        """Hold a task just claimed, unhanded. False if this very attempt is held already.
+
+        That happens only after a database crash lost our claim (claims do not wait for
+        the flush) and this worker claimed it again: the copy held is kept, since a
+        second copy would fail its start and unbalance the count.
+        """
+        held = self._held.get(task.id)
+        if held is not None and held.attempt == task.attempt:
+            log.warning(
+                "task %s attempt %d claimed again while held here; keeping one", task.id, task.attempt
+            )
+            return False
+        self._held[task.id] = task
+        self._unhanded.append(task)
+        return True
+
+    @property
+    def unhanded(self) -> int:
+        return len(self._unhanded)
+
+    def unhanded_tasks(self) -> list[TaskPayload]:
+        return list(self._unhanded)
+
+    def next_unhanded(self) -> TaskPayload | None:
+        return self._unhanded.popleft() if self._unhanded else None
+
+    def put_back(self, task: TaskPayload) -> None:
+        """A task taken with next_unhanded could not be handed: first in line again."""
+        self._unhanded.appendleft(task)
+
+    def let_go_unhanded(self) -> list[TaskPayload]:
+        """Stop holding every unhanded task (given back, or dropped); returns them."""
+        tasks = list(self._unhanded)
+        self._unhanded.clear()
+        for task in tasks:
+            self._held.pop(task.id, None)
+        return tasks
+
+    # -- handed to a child ----------------------------------------------------------
+
+    def _child(self, slot: int) -> _ChildTasks:
+        return self._children.setdefault(slot, _ChildTasks())
+
+    def current(self, slot: int) -> TaskPayload | None:
+        """The task handed to child ``slot`` as the one it runs (starting, running or finishing)."""
+        child = self._children.get(slot)
+        return child.current if child is not None else None
+
+    def running(self, slot: int) -> TaskPayload | None:
+        """Child ``slot``'s task if the child said it is RUNNING, else None."""
+        child = self._children.get(slot)
+        return child.current if child is not None and child.running else None
+
+    def queued(self, slot: int) -> int:
+        child = self._children.get(slot)
+        return len(child.queued) if child is not None else 0
+
+    def of_child(self, slot: int) -> list[TaskPayload]:
+        """Every task handed to child ``slot``: its current one, then its queue."""
+        child = self._children.get(slot)
+        if child is None:
+            return []
+        return ([child.current] if child.current is not None else []) + list(child.queued)
+
+    def hand(self, slot: int, task: TaskPayload) -> None:
+        """``task`` (from next_unhanded) is now child ``slot``'s current task."""
+        child = self._child(slot)
+        assert child.current is None, f"child {slot} already has a task"
+        child.current, child.running = task, False
+
+    def unhand(self, slot: int) -> TaskPayload | None:
+        """Undo hand(): the child never got the task; it is first in line again."""
+        child = self._child(slot)
+        task, child.current = child.current, None
+        if task is not None:
+            self._unhanded.appendleft(task)
+        return task
+
+    def push(self, slot: int, task: TaskPayload) -> None:
+        """``task`` (from next_unhanded) waits in child ``slot``'s queue."""
+        self._child(slot).queued.append(task)
+
+    def started(self, slot: int) -> TaskPayload | None:
+        """The child said its current task is RUNNING; returns that task."""
+        child = self._child(slot)
+        child.running = child.current is not None
+        return child.current
+
+    def start_lost(self, slot: int) -> None:
+        """The child could not start its current task: the claim was gone. Not held any more."""
+        child = self._child(slot)
+        if child.current is not None:
+            self._held.pop(child.current.id, None)
+        child.current, child.running = None, False
+
+    def finished(self, slot: int, task_id: str, next_started: bool | None) -> TaskPayload | None:
+        """The child recorded its task's outcome (or found it lost); returns what runs there now.
+
+        next_started: None when the child started nothing with it; else whether it
+        started the oldest task of its queue in the same statement (False: lost).
+        """
+        self._held.pop(task_id, None)
+        child = self._child(slot)
+        child.current, child.running = None, False
+        if next_started is not None and child.queued:
+            taken = child.queued.popleft()
+            if next_started:
+                child.current, child.running = taken, True
+            else:
+                self._held.pop(taken.id, None)
+        if child.current is None and child.queued:
+            # The child has nothing running and reads the next RUN in its pipe as a fresh
+            # task, reporting STARTED for it.
+            child.current = child.queued.popleft()
+        return child.current if child.running else None
+
+    def child_gone(self, slot: int) -> list[TaskPayload]:
+        """Child ``slot`` exited: its tasks stay held until recorded (see forget)."""
+        tasks = self.of_child(slot)
+        self._children.pop(slot, None)
+        return tasks
+
+    def forget(self, task_id: str) -> None:
+        """The task's fate is recorded (or it was given back): not held any more."""
+        self._held.pop(task_id, None)
+
+    # -- isolation ------------------------------------------------------------------
+
+    def freeze(self, slot: int) -> None:
+        self._child(slot).frozen = True
+
+    def frozen(self, slot: int) -> bool:
+        child = self._children.get(slot)
+        return child is not None and child.frozen
+
+    def thaw(self, slot: int) -> None:
+        self._child(slot).frozen = False
+
+    # -- what the database says -----------------------------------------------------
+
+    def lose(self, lost: set[str]) -> list[str]:
+        """Tasks the database says are no longer ours: unhanded ones are dropped at once;
+        returns the ids of those that children hold (their writes will be fenced off)."""
+        for task in [t for t in self._unhanded if t.id in lost]:
+            self._unhanded.remove(task)
+            self._held.pop(task.id, None)
+        return [task_id for task_id in lost if task_id in self._held]
+
+    def beat(self, main_pid: int, children: Iterable[int], runner_pid: Callable[[int], int | None]) -> Beat:
+        """What the heartbeat reports: every task held, as 'claimer' or 'runner'.
+
+        runner_pid(slot): the child's pid when its runner heartbeat may be relayed (it
+        stamped its slot in time, or it is frozen), else None.
+        """
+        beat = Beat()
+        for task in self._unhanded:
+            beat.add(task.id, "claimer", main_pid)
+        for slot in children:
+            child = self._children.get(slot)
+            if child is None:
+                continue
+            if child.current is not None:
+                if not child.running:
+                    beat.add(child.current.id, "claimer", main_pid)
+                elif (pid := runner_pid(slot)) is not None:
+                    # A frozen child's task is reported too: the answer ('lost' or not)
+                    # decides whether it is resumed or killed, right after this beat.
+                    beat.add(child.current.id, "runner", pid)
+            for task in child.queued:
+                beat.add(task.id, "claimer", main_pid)
+        return beat
