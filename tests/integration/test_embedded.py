@@ -445,6 +445,21 @@ def test_binaries_copy_refuses_a_folder_others_can_write(scratch: Path) -> None:
     assert server_binaries.server_bin_dir(wheel_bin, root).parents[2] == copy
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
+def test_root_makes_missing_parents_traversable_whatever_its_umask(
+    base: Path, reap: Callable[[Path], Path]
+) -> None:
+    data_dir = reap(base / "new" / "pg")
+    old_umask = os.umask(0o077)  # hardened systems: /var/lib/tether would be made 0700
+    try:
+        server = EmbeddedServer.start(data_dir)
+    finally:
+        os.umask(old_umask)
+    assert (base / "new").stat().st_mode & 0o777 == 0o755
+    assert _select_one(server.url()) == 1
+    server.stop()
+
+
 def test_start_failure_reports_the_server_log(base: Path, reap: Callable[[Path], Path]) -> None:
     server = EmbeddedServer.start(reap(base / "private"))
     server.stop()

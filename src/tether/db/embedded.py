@@ -201,13 +201,21 @@ def _locked(data_dir: Path) -> Iterator[None]:
     # flock, unlike fasteners' lockf, also excludes our own threads; holders run only timed commands
     path = data_dir.with_name(f".{data_dir.name}.lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(data_dir)
         lock = path.open("a")
     except OSError as exc:
         raise _error(data_dir, f"cannot create lock file {path}: {exc}") from exc
     with lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def _make_parents(data_dir: Path) -> None:
+    for folder in reversed(data_dir.parents):
+        if not folder.is_dir():
+            folder.mkdir(exist_ok=True)
+            if _ROOT:  # whatever root's umask (077 on hardened systems): SERVER_USER must traverse
+                folder.chmod(0o755)
 
 
 def _server_owner(data_dir: Path) -> _Owner | None:
@@ -254,7 +262,7 @@ def _prepare(data_dir: Path, owner: _Owner | None) -> Path:
 
 
 def _initdb(data_dir: Path, owner: _Owner | None) -> None:
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(data_dir)
     if data_dir.exists() and any(data_dir.iterdir()):
         raise _error(data_dir, "not empty, yet not a PostgreSQL data dir (no PG_VERSION)")
     # initdb into a sibling, then rename: a crash mid-initdb leaves no half-made data dir
