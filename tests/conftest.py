@@ -8,18 +8,13 @@ database and drops it afterwards, so runs never share state.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,7 +25,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-REPO = Path(__file__).resolve().parent.parent
+# The worker harness lives in tests/harness.py (the benchmarks use it too); tests import
+# these names from here.
+from tests.harness import REPO as REPO
+from tests.harness import WorkerProcess as WorkerProcess
 
 
 def _server_url() -> Iterator[str]:
@@ -132,41 +130,9 @@ def clean_tables(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
 
 
-@dataclass
-class WorkerProcess:
-    """A real `tether worker` process started by a test."""
-
-    proc: subprocess.Popen[bytes]
-    app_path: str
-    log_path: Path
-    worker_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"worker {self.pid} did not stop within {timeout}s\n{self.log()}") from None
-
-    def kill(self) -> None:
-        # Kill the worker's whole process group (main + children), by pid.
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
 class WorkerFactory:
+    """Starts `tether worker` processes on the test database (tests/harness.py); kills them all at the end."""
+
     def __init__(self, database_url: str, tmp: Path) -> None:
         self.database_url = database_url
         self.tmp = tmp
@@ -174,37 +140,22 @@ class WorkerFactory:
 
     def start(self, app_path: str = "tests.apps.basic:app", *args: str, wait: bool = True,
               env: dict[str, str] | None = None) -> WorkerProcess:
-        log_path = self.tmp / f"worker-{len(self.started)}.log"
-        full_env = {**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tether", "--log-level", "INFO", "worker", app_path, *args],
-                cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so a test can kill it whole
-            )
-        worker = WorkerProcess(proc, app_path, log_path)
+        worker = WorkerProcess(
+            app_path,
+            self.database_url,
+            self.tmp / f"worker-{len(self.started)}.log",
+            args=args,
+            env={**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1",
+                 **(env or {})},
+            log_level="INFO",
+        ).start()
         self.started.append(worker)
         if wait:
-            worker.worker_id = self.wait_registered(worker)
+            worker.wait_registered()
         return worker
 
     def wait_registered(self, worker: WorkerProcess, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
-            while time.monotonic() < deadline:
-                if worker.proc.poll() is not None:
-                    raise AssertionError(f"worker exited with {worker.proc.returncode}\n{worker.log()}")
-                row = conn.execute(
-                    "SELECT id FROM tether_workers WHERE pid = %s AND hostname = %s AND status = 'active'",
-                    (worker.pid, socket.gethostname()),
-                ).fetchone()
-                # Registered, and through its startup (reconciliation included): a test that
-                # kills another worker next must not race this one's startup reconciliation.
-                if row and f"worker {row[0]} started: queues=" in worker.log():
-                    return str(row[0])
-                time.sleep(0.05)
-        raise AssertionError(f"worker {worker.pid} did not start within {timeout}s\n{worker.log()}")
+        return worker.wait_registered(timeout)
 
     def cleanup(self) -> None:
         for worker in self.started:
