@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 worker.stop()
             except Exception as exc:
-                print(f"could not stop worker pid {worker.proc and worker.proc.pid}: {exc}", file=sys.stderr)
+                print(f"could not stop worker pid {worker.pid}: {exc}", file=sys.stderr)
         try:
             db.drop()
         except Exception as exc:

@@ -25,6 +25,7 @@ from bench.apps import make_app
 from bench.infra import (
     BenchDatabase,
     WorkerProcess,
+    bench_worker,
     count_by_status,
     percentile,
     wait_all_terminal,
@@ -76,13 +77,8 @@ class Context:
         exclusive: bool = True,
     ) -> WorkerProcess:
         path = self.log_dir / f"worker-{len(self.workers) + 1}.log"
-        worker = WorkerProcess(
-            self.db,
-            path,
-            processes=processes,
-            extra_args=extra_args,
-            env=dict(env or {}),
-            exclusive=exclusive,
+        worker = bench_worker(
+            self.db, path, processes, extra_args=extra_args, env=dict(env or {}), exclusive=exclusive
         )
         self.workers.append(worker)
         return worker.start()
