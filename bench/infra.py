@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 from tests.harness import REPO, WorkerProcess
 
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -81,6 +82,11 @@ class BenchDatabase:
             ]
             if present:
                 conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, present))))
+
+
+def connect_dict(url: str) -> psycopg.Connection[dict[str, Any]]:
+    """An autocommit connection whose rows are dicts."""
+    return psycopg.connect(url, autocommit=True, row_factory=dict_row)
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.05) -> None:

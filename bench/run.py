@@ -29,8 +29,10 @@ import psycopg
 if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.harness import REPO
+
 from bench.apps import make_app
-from bench.infra import DEFAULT_SERVER_URL, REPO, BenchDatabase
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
 from bench.workflows import WORKFLOW_SCENARIOS

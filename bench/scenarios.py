@@ -20,11 +20,11 @@ from typing import Any
 
 import psutil
 import psycopg
+from tests.harness import WorkerProcess
 
 from bench.apps import make_app
 from bench.infra import (
     BenchDatabase,
-    WorkerProcess,
     bench_worker,
     count_by_status,
     percentile,
