@@ -201,8 +201,10 @@ class WorkerProcess:
                     " AND query ILIKE 'LISTEN tether_work%%'"
                 ).fetchone()
                 listening = row[0] if row else 0
-                if worker_id is not None and listening >= 1 and len(self.task_children()) >= (
-                    self.processes or 0
+                if (
+                    worker_id is not None
+                    and listening >= 1
+                    and len(self.task_children()) >= (self.processes or 0)
                 ):
                     self.worker_id = worker_id
                     return
