@@ -1,0 +1,252 @@
+"""The claim loop's wake-ups (tether.worker.claim_triggers) on a real asyncio loop, no database.
+
+``maybe_more`` says whether the next turn claims; ``sleep()`` returns when something woke
+the loop (or the poll interval passed). Timers are real but short: a test that expects a
+wake-up awaits it with a generous ceiling, and one that expects none waits a bounded
+window past every timer that could wrongly fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tether.worker.claim_triggers import DUE_NOW_S, RECHECK_AFTER_NOTIFY_S, ClaimTriggers
+
+LONG_POLL_S = 30.0  # a poll interval no test waits for: only the wake-up under test can end a sleep
+CEILING_S = 5.0  # how long a test waits for a wake-up it expects (a loaded machine is slow)
+
+
+async def woken_after(triggers: ClaimTriggers) -> float:
+    """Seconds until sleep() returns; fails the test if it takes CEILING_S."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(triggers.sleep(), CEILING_S)
+    return loop.time() - started
+
+
+async def stays_asleep(triggers: ClaimTriggers, window: float) -> bool:
+    """True if sleep() is still waiting after ``window`` seconds."""
+    try:
+        await asyncio.wait_for(triggers.sleep(), window)
+    except TimeoutError:
+        return True
+    return False
+
+
+def idle(poll_interval_s: float = LONG_POLL_S) -> ClaimTriggers:
+    """A ClaimTriggers whose first claim found nothing: maybe_more is False, nothing pending."""
+    triggers = ClaimTriggers(poll_interval_s)
+    told = triggers.before_claim()
+    triggers.after_claim(0, 10, told)
+    assert (told, triggers.maybe_more) == (False, False)
+    return triggers
+
+
+def test_the_constants() -> None:
+    assert RECHECK_AFTER_NOTIFY_S == 0.05
+    assert DUE_NOW_S == 0.005
+
+
+async def test_a_new_loop_claims_at_once() -> None:
+    triggers = ClaimTriggers(LONG_POLL_S)
+    assert triggers.maybe_more is True
+    assert triggers.poll_interval_s == LONG_POLL_S
+    triggers.close()
+
+
+# -- notifications -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("due_in", [None, -1.0, 0.0, DUE_NOW_S])
+async def test_a_notification_due_now_wakes_the_loop_to_claim(due_in: float | None) -> None:
+    triggers = idle()
+    triggers.on_notification(due_in)
+    assert triggers.maybe_more is True
+    assert await woken_after(triggers) < 1.0  # the event was set: no waiting at all
+    assert triggers.before_claim() is True  # this claim follows a notification...
+    assert triggers.before_claim() is False  # ...the next one does not
+    triggers.close()
+
+
+async def test_notifications_are_counted_once_per_claim() -> None:
+    triggers = idle()
+    triggers.on_notification(None)
+    triggers.on_notification(None)
+    assert triggers.before_claim() is True
+    assert triggers.before_claim() is False
+    triggers.close()
+
+
+async def test_a_notification_due_later_wakes_the_loop_when_due() -> None:
+    triggers = idle()
+    triggers.on_notification(0.2)
+    assert triggers.maybe_more is False  # nothing to claim yet
+    waited = await woken_after(triggers)
+    assert waited >= 0.19
+    assert triggers.maybe_more is True
+    assert triggers.before_claim() is False  # a timer is not a notification of work due now
+    triggers.close()
+
+
+async def test_just_over_due_now_is_due_later() -> None:
+    triggers = idle()
+    triggers.on_notification(DUE_NOW_S + 0.1)
+    assert triggers.maybe_more is False
+    assert await woken_after(triggers) >= DUE_NOW_S + 0.09
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+@pytest.mark.parametrize("dues", [(1.0, 0.1), (0.1, 1.0)], ids=["earlier-replaces", "later-ignored"])
+async def test_only_the_earliest_timer_is_kept(dues: tuple[float, float]) -> None:
+    triggers = idle()
+    for due_in in dues:
+        triggers.on_notification(due_in)
+    waited = await woken_after(triggers)
+    assert 0.09 <= waited < 1.0  # at the earlier time
+    triggers.before_claim()
+    assert triggers.maybe_more is False
+    assert await stays_asleep(triggers, 1.2)  # and no timer is left for the later one
+    assert triggers.maybe_more is False
+    triggers.close()
+
+
+# -- around a claim ----------------------------------------------------------------------------
+
+
+async def test_before_claim_clears_maybe_more() -> None:
+    triggers = ClaimTriggers(LONG_POLL_S)
+    assert triggers.before_claim() is False
+    assert triggers.maybe_more is False
+    triggers.close()
+
+
+async def test_a_notification_during_a_claim_makes_the_next_turn_claim() -> None:
+    triggers = idle()
+    told = triggers.before_claim()
+    triggers.on_notification(None)  # arrives while the claim runs, for a row it may not see
+    triggers.after_claim(0, 10, told)
+    assert triggers.maybe_more is True
+    assert triggers.before_claim() is True
+    triggers.close()
+
+
+@pytest.mark.parametrize(("claimed", "limit"), [(10, 10), (11, 10), (1, 1)])
+async def test_a_full_claim_claims_again(claimed: int, limit: int) -> None:
+    triggers = ClaimTriggers(LONG_POLL_S)
+    told = triggers.before_claim()
+    triggers.after_claim(claimed, limit, told)
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+async def test_a_notified_claim_that_found_nothing_looks_again_50ms_later() -> None:
+    triggers = idle()
+    triggers.on_notification(None)
+    await woken_after(triggers)
+    told = triggers.before_claim()
+    assert told is True
+    triggers.after_claim(0, 10, told)
+    assert triggers.maybe_more is False  # not at once: the recheck is a timer
+    waited = await woken_after(triggers)
+    assert waited >= RECHECK_AFTER_NOTIFY_S - 0.01
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+@pytest.mark.parametrize(("claimed", "told"), [(0, False), (3, True), (3, False)])
+async def test_no_recheck_unless_a_notified_claim_found_nothing(claimed: int, told: bool) -> None:
+    triggers = idle()
+    triggers.after_claim(claimed, 10, told)
+    assert triggers.maybe_more is False
+    assert await stays_asleep(triggers, 0.3)  # RECHECK_AFTER_NOTIFY_S six times over
+    assert triggers.maybe_more is False
+    triggers.close()
+
+
+async def test_a_failed_claim_claims_again() -> None:
+    triggers = idle()
+    triggers.claim_failed()
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+# -- sleeping ----------------------------------------------------------------------------------
+
+
+async def test_the_poll_fires_after_the_poll_interval() -> None:
+    triggers = idle(poll_interval_s=0.2)
+    waited = await woken_after(triggers)
+    assert waited >= 0.19
+    assert triggers.maybe_more is True  # the fallback claims whatever happened
+    triggers.close()
+
+
+async def test_a_sleep_woken_early_cancels_its_poll_timer() -> None:
+    triggers = idle(poll_interval_s=0.2)
+    sleeper = asyncio.create_task(triggers.sleep())
+    await asyncio.sleep(0)  # asleep, its poll timer set
+    triggers.poke()
+    await asyncio.wait_for(sleeper, CEILING_S)
+    await asyncio.sleep(0.5)  # past the poll interval, not sleeping on the wake-ups
+    assert triggers.maybe_more is False  # that poll timer did not fire
+    triggers.close()
+
+
+async def test_poke_wakes_without_claiming() -> None:
+    triggers = idle()
+    triggers.poke()
+    assert await woken_after(triggers) < 1.0
+    assert triggers.maybe_more is False  # a freed slot or a stop request: no claim
+    triggers.close()
+
+
+async def test_work_may_wait_wakes_and_claims() -> None:
+    triggers = idle()
+    triggers.work_may_wait()
+    assert triggers.maybe_more is True
+    assert await woken_after(triggers) < 1.0
+    assert triggers.before_claim() is False  # not a notification
+    triggers.close()
+
+
+async def test_a_wake_up_is_consumed_by_one_sleep() -> None:
+    triggers = idle()
+    triggers.poke()
+    triggers.poke()
+    await woken_after(triggers)
+    assert await stays_asleep(triggers, 0.2)
+    triggers.close()
+
+
+async def test_a_wake_up_while_asleep_ends_the_sleep() -> None:
+    triggers = idle()
+    sleeper = asyncio.create_task(triggers.sleep())
+    await asyncio.sleep(0)  # the sleeper is now waiting
+    assert not sleeper.done()
+    triggers.work_may_wait()
+    await asyncio.wait_for(sleeper, CEILING_S)
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+async def test_close_cancels_the_timers() -> None:
+    triggers = idle()
+    triggers.on_notification(0.1)  # a delayed task's timer
+    triggers.on_notification(None)
+    told = triggers.before_claim()
+    triggers.after_claim(0, 10, told)  # the recheck, due in 50 ms
+    triggers.close()  # nothing awaited since: neither timer can have fired yet
+    await woken_after(triggers)  # the notification's own wake-up, set before close
+    triggers.before_claim()
+    assert await stays_asleep(triggers, 0.5)
+    assert triggers.maybe_more is False
+
+
+async def test_close_with_nothing_pending() -> None:
+    triggers = ClaimTriggers(LONG_POLL_S)
+    triggers.close()
+    triggers.close()
+    assert triggers.maybe_more is True
