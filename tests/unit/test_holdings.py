@@ -1,0 +1,138 @@
+"""Where the worker's main process holds each task, without a database or processes."""
+
+from __future__ import annotations
+
+from tether.broker.claims import TaskPayload
+from tether.worker.holdings import Holdings
+
+MAIN_PID, CHILD_PID = 100, 200
+
+
+def task(task_id: str, attempt: int = 1) -> TaskPayload:
+    return TaskPayload(task_id, "noop", "default", "[]", "{}", attempt, 0, 0, None)
+
+
+def holding(*ids: str) -> Holdings:
+    held = Holdings()
+    for task_id in ids:
+        assert held.take(task(task_id))
+    return held
+
+
+def roles(held: Holdings, children: tuple[int, ...] = (0,), fresh: bool = True) -> list[tuple[str, str, int]]:
+    beat = held.beat(MAIN_PID, children, lambda slot: CHILD_PID if fresh else None)
+    return list(zip(beat.task_ids, beat.roles, beat.pids, strict=True))
+
+
+def test_a_claimed_task_is_held_unhanded_once_per_attempt() -> None:
+    held = holding("a", "b")
+    assert not held.take(task("a"))  # the same attempt again: kept once
+    assert held.take(task("c"))
+    assert len(held) == 3 and held.unhanded == 3 and "a" in held
+    assert [t.id for t in held.unhanded_tasks()] == ["a", "b", "c"]
+
+
+def test_handing_a_task_to_a_child_and_taking_it_back() -> None:
+    held = holding("a", "b")
+    first = held.next_unhanded()
+    assert first is not None and first.id == "a"
+    held.hand(0, first)
+    assert held.current(0) is first and held.running(0) is None and held.unhanded == 1
+    assert held.unhand(0) is first  # the RUN could not be sent
+    assert held.current(0) is None and [t.id for t in held.unhanded_tasks()] == ["a", "b"]
+
+
+def test_start_run_and_finish_with_the_next_task_started_in_the_same_statement() -> None:
+    held = holding("a", "b", "c")
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    assert held.started(0) is a and held.running(0) is a
+    assert held.finished(0, "a", next_started=True) is b  # b now runs
+    assert held.running(0) is b and held.queued(0) == 0
+    assert len(held) == 2 and "a" not in held
+
+
+def test_a_next_task_found_lost_is_no_longer_held() -> None:
+    held = holding("a", "b")
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    held.started(0)
+    assert held.finished(0, "a", next_started=False) is None
+    assert len(held) == 0 and held.current(0) is None
+
+
+def test_a_queued_task_becomes_current_when_nothing_was_started_with_the_outcome() -> None:
+    held = holding("a", "b")
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    held.started(0)
+    assert held.finished(0, "a", next_started=None) is None  # not running yet: STARTED comes
+    assert held.current(0) is b and held.running(0) is None
+
+
+def test_a_lost_start_lets_the_task_go() -> None:
+    held = holding("a")
+    a = held.next_unhanded()
+    assert a is not None
+    held.hand(0, a)
+    held.start_lost(0)
+    assert len(held) == 0 and held.current(0) is None
+
+
+def test_a_dead_child_s_tasks_stay_held_until_recorded() -> None:
+    held = holding("a", "b")
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    assert held.child_gone(0) == [a, b]
+    assert len(held) == 2 and held.of_child(0) == []
+    held.forget("a")
+    held.forget("b")
+    assert len(held) == 0
+
+
+def test_the_beat_reports_each_task_in_the_role_it_is_held_in() -> None:
+    held = holding("a", "b", "u", "c")
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    assert roles(held) == [
+        ("u", "claimer", MAIN_PID),
+        ("c", "claimer", MAIN_PID),
+        ("a", "claimer", MAIN_PID),  # handed, not started: still the claimer's
+        ("b", "claimer", MAIN_PID),
+    ]
+    held.started(0)
+    assert ("a", "runner", CHILD_PID) in roles(held)
+    # A child that did not stamp its slot in time gets no runner heartbeat relayed.
+    assert [r for r in roles(held, fresh=False) if r[0] == "a"] == []
+
+
+def test_lost_tasks_unhanded_are_dropped_and_those_children_hold_are_named() -> None:
+    held = holding("a", "b", "c")
+    a = held.next_unhanded()
+    assert a is not None
+    held.hand(0, a)
+    assert sorted(held.lose({"a", "b", "x"})) == ["a"]
+    assert [t.id for t in held.unhanded_tasks()] == ["c"] and len(held) == 2
+
+
+def test_isolation_lets_go_of_unhanded_tasks_and_freezes_children() -> None:
+    held = holding("a", "b")
+    a = held.next_unhanded()
+    assert a is not None
+    held.hand(0, a)
+    assert [t.id for t in held.let_go_unhanded()] == ["b"]
+    assert len(held) == 1
+    held.freeze(0)
+    assert held.frozen(0)
+    held.thaw(0)
+    assert not held.frozen(0)
