@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from tether import codec
 from tether.errors import SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
+from tether.options import SendOptions
 from tether.result import TaskResult
 
 if TYPE_CHECKING:
     from tether.app import Tether
-    from tether.task import BoundTask, SendOptions, Task
+    from tether.task import BoundTask, Task
     from tether.workflow.handle import WorkflowHandle
 
 Join = Literal["all", "any"]
