@@ -7,7 +7,6 @@ that options are in range.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,15 +17,17 @@ import psycopg
 from typing_extensions import Unpack
 
 from tether import codec
+from tether.broker.queries import q
 from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import new_task_id, new_task_ids
+from tether.offload import in_thread
 from tether.options import SendOptions, check_delay, check_good_until
+from tether.workflow.definition import Node, NodeOptions, make_node
 
 if TYPE_CHECKING:
     from tether.app import Tether
-    from tether.workflow.definition import Node, NodeOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -199,8 +200,6 @@ class BoundTask:
         Options: args=(...), kwargs={...}, name=, after=[...], args_from={param: node},
         join="all" | "any", run_anyway=False (see tether.workflow.definition.make_node).
         """
-        from tether.workflow.definition import make_node
-
         return make_node(self, **options)
 
     async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
@@ -213,7 +212,7 @@ class BoundTask:
 
     async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         params = self._prepare(delay, args, kwargs)
-        await asyncio.to_thread(self.task.app.broker.fetchall, "insert_task", params)  # see handle._in_thread
+        await in_thread(self.task.app.broker.fetchall, "insert_task", params)
         return TaskHandle(self.task.app, params["id"], self.task.name)
 
     def _prepare_many(
@@ -266,14 +265,12 @@ class BoundTask:
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
     ) -> list[TaskHandle[Any]]:
         chunks, ids = self._prepare_many(items, common)
-        await asyncio.to_thread(self._insert_many, chunks)  # see handle._in_thread
+        await in_thread(self._insert_many, chunks)
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
 
     def _insert_many(self, chunks: list[dict[str, Any]]) -> None:
         if not chunks:
             return
-        from tether.broker.queries import q
-
         statement = q("insert_tasks")
 
         def insert_all(conn: psycopg.Connection[Any]) -> None:

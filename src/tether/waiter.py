@@ -3,6 +3,8 @@
 One background thread per process LISTENs on 'tether_done' and wakes the waiter
 for that task id. Waiters also re-read the row every result_poll_interval_ms,
 so a lost notification (connection drop, server restart) only delays a result.
+The checks and results around a wait that TaskHandle and WorkflowHandle share
+(the timeout given to get(), the WAIT_TIMEOUT result) are here too.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+
+from tether.result import ErrorCode, TaskError, TaskResult
 
 if TYPE_CHECKING:
     from tether.broker import PostgresBroker
@@ -170,3 +174,17 @@ async def wait_for_async(
         return found
     finally:
         listener.unsubscribe(key, wake)
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0  # NaN too
+    ):
+        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+
+
+def timed_out(timeout: float | None, what: str = "task") -> TaskResult[Any, TaskError]:
+    """What get() returns when the wait ends first: the task (or workflow) itself goes on."""
+    return TaskResult(
+        err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the {what} goes on")
+    )
