@@ -396,14 +396,14 @@ def recover(
     app_path: str | None,
 ) -> None:
     """Recover stale tasks now, by the reaper's rules (manual recovery), then reconcile workflows."""
-    from tether.broker.recovery import recover_now
+    from tether.broker.recovery import apply_task_rules
     from tether.cli_workflows import reconcile_workflows
 
     rc = _config(database_url, app_path).recovery
     broker = _broker(database_url, app_path)
     beat_ms = min(rc.claimer_heartbeat_interval_ms, rc.runner_heartbeat_interval_ms)
     with broker.connection() as conn:
-        done = recover_now(
+        done = apply_task_rules(
             conn,
             claimed_threshold_ms=claimed_threshold_ms or rc.claimed_stale_threshold_ms,
             running_threshold_ms=running_threshold_ms or rc.running_stale_threshold_ms,

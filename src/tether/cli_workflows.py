@@ -344,7 +344,7 @@ def reconcile_workflows(conn: psycopg.Connection[dict[str, Any]], *, dry_run: bo
         # (find_unfinished may also name CANCELLED ones with step tasks left to cancel.)
         finished = [str(w) for w in unfinished if w in before and _is_open(before[w])]
     else:
-        done = workflow_recovery.recover_now(conn)
+        done = workflow_recovery.reconcile_all(conn)
         steps, after = done.steps, _statuses(conn, ids)
         ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
         finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))

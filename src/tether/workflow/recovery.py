@@ -92,8 +92,8 @@ def reconcile(conn: Conn, stuck: dict[Any, list[Any]], unfinished: list[Any]) ->
     return done
 
 
-def recover_now(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
-    """One reconciliation pass (what the reaper does each tick), until nothing is left."""
+def reconcile_all(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
+    """Reconcile as the reaper does each tick, batch after batch, until nothing is left."""
     total = WorkflowsRecovered()
     while True:
         stuck = find_stuck(conn, limit)
@@ -114,7 +114,7 @@ def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecover
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
-    return app.broker.run(lambda conn: recover_now(conn, limit))
+    return app.broker.run(lambda conn: reconcile_all(conn, limit))
 
 
 async def recover_stuck_workflows_async(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
