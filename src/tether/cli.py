@@ -397,7 +397,8 @@ def recover(
 ) -> None:
     """Recover stale tasks now, by the reaper's rules (manual recovery), then reconcile workflows."""
     from tether.broker.recovery import apply_task_rules
-    from tether.cli_workflows import reconcile_workflows
+    from tether.cli_workflows import report_json, report_summary, report_table
+    from tether.workflow.recovery import reconcile_and_report
 
     rc = _config(database_url, app_path).recovery
     broker = _broker(database_url, app_path)
@@ -411,7 +412,7 @@ def recover(
             dry_run=dry_run,
         )
         # Then the reaper's workflow reconciliation, which also settles the steps of tasks failed above.
-        flows = reconcile_workflows(conn, dry_run=dry_run)
+        flows = reconcile_and_report(conn, dry_run=dry_run)
     rows = (
         [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
         + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
@@ -424,7 +425,7 @@ def recover(
                 "expired": done.expired,
                 "tasks": [{"action": a, **r} for a, r in rows],
                 "workers_deactivated": done.deactivated,
-                "workflows": flows.json(),
+                "workflows": report_json(flows),
             }
         )
         return
@@ -444,8 +445,8 @@ def recover(
         f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
     )
     if flows.workflows:
-        console.print(flows.table())
-    console.print(flows.summary())
+        console.print(report_table(flows))
+    console.print(report_summary(flows))
 
 
 @cli.command()

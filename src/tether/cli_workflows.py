@@ -13,14 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
-import psycopg
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
 from tether import cli as base
 from tether.app import Tether
-from tether.broker.queries import q
 from tether.errors import WorkflowNotFoundError
 from tether.ids import parse_task_id
 from tether.result import StepStatus, TaskError, TaskResult, WorkflowStatus
@@ -42,8 +40,6 @@ STYLES: dict[str, str] = {
     "PENDING": "dim",
     "CLAIMED": "cyan",
 }
-# How many stuck steps `tether recover` reads up front to list their workflows.
-REPORT_LIMIT = workflow_recovery.BATCH
 
 
 def _status(value: str) -> Text:
@@ -297,79 +293,40 @@ def _plain(value: Any) -> Any:
 # -- the workflow pass of tether recover ----------------------------------------------------
 
 
-@dataclasses.dataclass
-class WorkflowsReconciled:
-    dry_run: bool
-    steps: int  # settled (or, in a dry run, found stuck)
-    finished: list[str]  # workflows that ended (dry run: whose steps have all ended already)
-    workflows: list[dict[str, Any]]  # id, name, stuck_steps, status (afterwards) of each one touched
-
-    def json(self) -> dict[str, Any]:
-        return {"steps_settled": self.steps, "finished": self.finished, "workflows": self.workflows}
-
-    def table(self) -> Table:
-        title = (
-            "Workflows with stuck steps (dry run: nothing changed)"
-            if self.dry_run
-            else "Workflows reconciled"
-        )
-        return base._table(
-            title,
-            ["workflow", "name", "stuck steps", "status"],
-            [[w["id"], w["name"], w["stuck_steps"], _status(w["status"])] for w in self.workflows],
-        )
-
-    def summary(self) -> str:
-        if self.dry_run:
-            with_stuck = sum(1 for w in self.workflows if w["stuck_steps"])
-            line = f"{self.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
-            if self.finished:
-                line += f", {len(self.finished)} workflow(s) whose steps have all ended would be finished"
-            return line
-        return (
-            f"{self.steps} stuck workflow step(s) were settled, "
-            f"{len(self.finished)} workflow(s) were finished"
-        )
+def report_json(report: workflow_recovery.ReconcileReport) -> dict[str, Any]:
+    return {"steps_settled": report.steps, "finished": report.finished, "workflows": report.workflows}
 
 
-def reconcile_workflows(conn: psycopg.Connection[dict[str, Any]], *, dry_run: bool) -> WorkflowsReconciled:
-    """After the task pass: settle steps whose task has ended and finish what is done (the
-    reaper's reconciliation). A dry run only finds them."""
-    stuck = workflow_recovery.find_stuck(conn, REPORT_LIMIT)
-    unfinished = workflow_recovery.find_unfinished(conn, REPORT_LIMIT)
-    ids = list(dict.fromkeys([*stuck, *unfinished]))
-    before = _statuses(conn, ids)
-    if dry_run:
-        steps, after = sum(map(len, stuck.values())), before
-        # (find_unfinished may also name CANCELLED ones with step tasks left to cancel.)
-        finished = [str(w) for w in unfinished if w in before and _is_open(before[w])]
-    else:
-        done = workflow_recovery.reconcile_all(conn)
-        steps, after = done.steps, _statuses(conn, ids)
-        ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
-        finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))
-    workflows = [
-        {
-            "id": str(w),
-            "name": after[w]["name"],
-            "stuck_steps": len(stuck.get(w, ())),
-            "status": after[w]["status"],
-        }
-        for w in ids
-        if w in after
-    ]
-    return WorkflowsReconciled(dry_run, steps, finished, workflows)
+def report_table(report: workflow_recovery.ReconcileReport) -> Table:
+    title = (
+        "Workflows with stuck steps (dry run: nothing changed)" if report.dry_run else "Workflows reconciled"
+    )
+    return base._table(
+        title,
+        ["workflow", "name", "stuck steps", "status"],
+        [[w["id"], w["name"], w["stuck_steps"], _status(w["status"])] for w in report.workflows],
+    )
 
 
-def _is_open(row: dict[str, Any]) -> bool:
-    return not WorkflowStatus(row["status"]).is_terminal
+def report_summary(report: workflow_recovery.ReconcileReport) -> str:
+    if report.dry_run:
+        with_stuck = sum(1 for w in report.workflows if w["stuck_steps"])
+        line = f"{report.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
+        if report.finished:
+            line += f", {len(report.finished)} workflow(s) whose steps have all ended would be finished"
+        return line
+    return (
+        f"{report.steps} stuck workflow step(s) were settled, "
+        f"{len(report.finished)} workflow(s) were finished"
+    )
 
 
-def _statuses(conn: psycopg.Connection[dict[str, Any]], ids: list[Any]) -> dict[Any, dict[str, Any]]:
-    if not ids:
-        return {}
-    rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
-    return {r["id"]: r for r in rows}
-
-
-__all__ = ["info_json", "reconcile_workflows", "steps_tree", "workflow", "workflows"]
+__all__ = [
+    "info_json",
+    "report_json",
+    "report_summary",
+    "report_table",
+    "steps_tree",
+    "workflow",
+    "workflows",
+]
