@@ -108,9 +108,6 @@ class Tether:
         """A handle for a workflow started earlier (by id)."""
         return WorkflowHandle(self, parse_task_id(workflow_id, what="workflow id"))
 
-    def get_broker(self) -> PostgresBroker:
-        return self.broker
-
     def handle(self, task_id: str | uuid.UUID) -> TaskHandle[Any]:
         """A handle for a task sent earlier (by id)."""
         return TaskHandle(self, parse_task_id(task_id))
