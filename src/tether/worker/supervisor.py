@@ -44,7 +44,6 @@ class ChildSlot:
     # oldest in the same commit that records its current task's outcome.
     queued: deque[TaskPayload] = field(default_factory=deque)
     killed_for: TaskError | None = None  # why the worker killed this child (its time limit)
-    extra: dict[str, Any] = field(default_factory=dict)
     has_message: Callable[[], bool] = field(init=False)
 
     def __post_init__(self) -> None:
