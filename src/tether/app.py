@@ -11,11 +11,12 @@ from typing import Any, ParamSpec, TypeVar
 
 from tether.broker import PostgresBroker
 from tether.config import AppConfig, RetryPolicy
-from tether.errors import InvalidOptionError, TaskDefinitionError
+from tether.errors import TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
+from tether.options import SendOptions, check_send_options, check_time_limit
 from tether.result_listener import ResultListener
-from tether.task import SendOptions, Task, _check_good_until, check_priority, check_queue, check_time_limit
+from tether.task import Task
 from tether.workflow.definition import Node, OnError, Workflow
 from tether.workflow.handle import WorkflowHandle
 
@@ -83,13 +84,7 @@ class Tether:
 
     def check_options(self, task_name: str, options: SendOptions) -> SendOptions:
         """Validate send options; the error says which option and why."""
-        check_queue(options.queue, self.config.queues)
-        check_priority(options.priority)
-        if options.good_until is not None:
-            _check_good_until(options.good_until)
-        if options.durable is not None and not isinstance(options.durable, bool):
-            raise InvalidOptionError(f"durable must be True or False, got {options.durable!r}")
-        return options
+        return check_send_options(options, self.config.queues)
 
     def workflow(
         self,
@@ -112,9 +107,6 @@ class Tether:
     def workflow_handle(self, workflow_id: str | uuid.UUID) -> WorkflowHandle:
         """A handle for a workflow started earlier (by id)."""
         return WorkflowHandle(self, parse_task_id(workflow_id, what="workflow id"))
-
-    def get_broker(self) -> PostgresBroker:
-        return self.broker
 
     def handle(self, task_id: str | uuid.UUID) -> TaskHandle[Any]:
         """A handle for a task sent earlier (by id)."""

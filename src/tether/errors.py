@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tether.result import TaskError
+from tether.task_error import TaskError
 
 
 class TetherError(Exception):

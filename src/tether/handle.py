@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
+from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
-from tether.result_listener import wait_for, wait_for_async
+from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
+from tether.workflow import engine
 
 if TYPE_CHECKING:
     from tether.app import Tether
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +107,7 @@ class TaskHandle(Generic[T]):
         return TaskStatus(row["status"])
 
     async def status_async(self) -> TaskStatus:
-        row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
+        row = await in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
         if row is None:
             raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
         return TaskStatus(row["status"])
@@ -128,70 +127,43 @@ class TaskHandle(Generic[T]):
         """
         rows = self.app.broker.fetchall("cancel_task", {"id": self.id})
         if rows and rows[0]["workflow_id"] is not None:
-            from tether.workflow import engine
-
             workflow_id = rows[0]["workflow_id"]
             self.app.broker.run(lambda conn: engine.advance(conn, workflow_id, [self.id]))
         return bool(rows)
 
     async def cancel_async(self) -> bool:
-        return await _in_thread(self.cancel)
+        return await in_thread(self.cancel)
 
     # -- waiting -------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
         """Wait for the outcome. On timeout: an err result with WAIT_TIMEOUT (the task goes on)."""
-        _check_timeout(timeout)
+        check_timeout(timeout)
         poll = self.app.config.result_poll_interval_ms / 1000
         found = wait_for(self.app.result_listener, str(self.id), self._watch, self._read, timeout, poll)
-        return found if found is not None else _timed_out(timeout)
+        return found if found is not None else timed_out(timeout)
 
     async def get_async(self, timeout: float | None = None) -> TaskResult[T, TaskError]:
-        _check_timeout(timeout)
+        check_timeout(timeout)
         poll = self.app.config.result_poll_interval_ms / 1000
         found = await wait_for_async(
             self.app.result_listener, str(self.id), self._watch_async, self._read_async, timeout, poll
         )
-        return found if found is not None else _timed_out(timeout)
+        return found if found is not None else timed_out(timeout)
 
     def _watch(self) -> TaskResult[T, TaskError] | None:
         return _result_or_missing(self.id, self.app.broker.fetchone("watch_task", {"id": self.id}))
 
     async def _watch_async(self) -> TaskResult[T, TaskError] | None:
-        row = await _in_thread(self.app.broker.fetchone, "watch_task", {"id": self.id})
+        row = await in_thread(self.app.broker.fetchone, "watch_task", {"id": self.id})
         return _result_or_missing(self.id, row)
 
     def _read(self) -> TaskResult[T, TaskError] | None:
         return _result_or_missing(self.id, self.app.broker.fetchone("get_status", {"id": self.id}))
 
     async def _read_async(self) -> TaskResult[T, TaskError] | None:
-        row = await _in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
+        row = await in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
         return _result_or_missing(self.id, row)
-
-
-async def _in_thread(fn: Callable[..., R], *args: Any) -> R:
-    """Run a sync broker call off the event loop.
-
-    The async API deliberately uses the broker's sync pool through a thread, not a
-    psycopg AsyncConnectionPool: such a pool belongs to one event loop, and a loop that
-    ends (every asyncio.run() does) while the pool is still growing never finishes
-    closing, because the pool retries the connect it was cancelled in (a hang of up to
-    its 5-minute reconnect timeout), and each new loop would leak one more open pool.
-    """
-    return await asyncio.to_thread(fn, *args)
-
-
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0  # NaN too
-    ):
-        raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
-
-
-def _timed_out(timeout: float | None, what: str = "task") -> TaskResult[Any, TaskError]:
-    return TaskResult(
-        err=TaskError(ErrorCode.WAIT_TIMEOUT, f"no outcome within {timeout}s; the {what} goes on")
-    )
 
 
 def _result_or_missing(task_id: uuid.UUID, row: dict[str, Any] | None) -> TaskResult[Any, TaskError] | None:

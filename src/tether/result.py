@@ -1,10 +1,17 @@
-"""Outcomes of tasks: TaskStatus, ErrorCode, TaskError and TaskResult."""
+"""Outcomes of tasks: TaskStatus, ErrorCode, TaskError and TaskResult.
+
+ErrorCode and TaskError are defined in tether.task_error (tether.errors needs them
+too) and are exported from here, where users import them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
+
+from tether.errors import TaskFailed
+from tether.task_error import ErrorCode, TaskError
 
 T = TypeVar("T")
 E = TypeVar("E", bound="TaskError")
@@ -70,43 +77,6 @@ class StepStatus(StrEnum):
         return self in (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED)
 
 
-class ErrorCode(StrEnum):
-    """Outcome codes tether itself produces. User codes are plain strings."""
-
-    WORKER_CRASHED = "WORKER_CRASHED"
-    TASK_EXPIRED = "TASK_EXPIRED"
-    TASK_CANCELLED = "TASK_CANCELLED"
-    RESULT_NOT_AVAILABLE = "RESULT_NOT_AVAILABLE"
-    UNHANDLED_EXCEPTION = "UNHANDLED_EXCEPTION"
-    TASK_NOT_REGISTERED = "TASK_NOT_REGISTERED"
-    BAD_ARGUMENTS = "BAD_ARGUMENTS"
-    RESULT_NOT_SERIALIZABLE = "RESULT_NOT_SERIALIZABLE"
-    WAIT_TIMEOUT = "WAIT_TIMEOUT"
-    TASK_NOT_FOUND = "TASK_NOT_FOUND"
-    TIME_LIMIT_EXCEEDED = "TIME_LIMIT_EXCEEDED"  # still running after the task's time_limit: killed
-    # workflows
-    DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a step skipped because a dependency did not complete
-    WORKFLOW_FAILED = "WORKFLOW_FAILED"
-    WORKFLOW_CANCELLED = "WORKFLOW_CANCELLED"
-    WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
-
-
-@dataclass(frozen=True, slots=True)
-class TaskError:
-    """A failure: a code (an ErrorCode or a user string), a message and optional JSON data."""
-
-    code: str
-    message: str = ""
-    data: Any = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.code, str) or not self.code:
-            raise ValueError("TaskError.code must be a non-empty string (an ErrorCode or your own)")
-        # Normalise built-in codes to the enum so comparisons with ErrorCode read naturally.
-        if self.code in ErrorCode.__members__ and not isinstance(self.code, ErrorCode):
-            object.__setattr__(self, "code", ErrorCode(self.code))
-
-
 _MISSING: Any = object()
 
 
@@ -149,8 +119,6 @@ class TaskResult(Generic[T, E]):
     def unwrap(self) -> T:
         """The value, or a TaskFailed exception carrying the error."""
         if self._err is not None:
-            from tether.errors import TaskFailed
-
             raise TaskFailed(self._err)
         return self._ok  # type: ignore[no-any-return]
 
@@ -158,3 +126,15 @@ class TaskResult(Generic[T, E]):
         if self._err is not None:
             return f"TaskResult(err={self._err!r})"
         return f"TaskResult(ok={self._ok!r})"
+
+
+__all__ = [
+    "TASK_TERMINAL_STATES",
+    "WORKFLOW_TERMINAL_STATES",
+    "ErrorCode",
+    "StepStatus",
+    "TaskError",
+    "TaskResult",
+    "TaskStatus",
+    "WorkflowStatus",
+]

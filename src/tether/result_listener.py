@@ -3,19 +3,20 @@
 One background thread per process LISTENs on 'tether_done' and wakes the waiter
 for that task id. Waiters also re-read the row every result_poll_interval_ms,
 so a lost notification (connection drop, server restart) only delays a result.
+How a handle waits with it is in result_wait.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
+
+from tether.broker import notifications
 
 if TYPE_CHECKING:
     from tether.broker import PostgresBroker
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.result_listener")
 
 Wake = Callable[[], None]
-R = TypeVar("R")
 
 
 class ResultListener:
@@ -62,7 +62,7 @@ class ResultListener:
         while not self._stop.is_set():
             try:
                 with self._broker.connect() as conn:
-                    conn.execute("LISTEN tether_done")
+                    notifications.listen(conn, notifications.DONE_CHANNEL)
                     self.listening.set()
                     # What finished before LISTEN took effect notified nobody (the first
                     # connection, or a reconnection): every waiter looks at its row again.
@@ -97,76 +97,3 @@ class ResultListener:
                 wake()
             except RuntimeError as exc:  # e.g. the waiter's event loop already closed
                 log.debug("could not wake a waiter for %s: %s", task_id, exc)
-
-
-def threadsafe_async_event(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Wake:
-    def wake() -> None:
-        loop.call_soon_threadsafe(event.set)
-
-    return wake
-
-
-def wait_for(
-    listener: ResultListener,
-    key: str,
-    first: Callable[[], R | None],
-    again: Callable[[], R | None],
-    timeout: float | None,
-    poll_s: float,
-) -> R | None:
-    """Wait until ``again()`` returns something (None on timeout).
-
-    ``first()`` asks for a notification and looks once; after subscribing, one
-    more look catches what ended in between (it notified nobody). Then every
-    notification for ``key``, or every ``poll_s`` at the latest, looks again.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    found = first()
-    if found is not None:
-        return found
-    woken = threading.Event()
-    listener.subscribe(key, woken.set)
-    try:
-        found = again()
-        while found is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            woken.wait(poll_s if left is None else min(poll_s, left))
-            woken.clear()
-            found = again()
-        return found
-    finally:
-        listener.unsubscribe(key, woken.set)
-
-
-async def wait_for_async(
-    listener: ResultListener,
-    key: str,
-    first: Callable[[], Awaitable[R | None]],
-    again: Callable[[], Awaitable[R | None]],
-    timeout: float | None,
-    poll_s: float,
-) -> R | None:
-    """wait_for for an event loop: the same looks, awaited."""
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    found = await first()
-    if found is not None:
-        return found
-    woken = asyncio.Event()
-    wake = threadsafe_async_event(loop, woken)
-    listener.subscribe(key, wake)
-    try:
-        found = await again()
-        while found is None:
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), poll_s if left is None else min(poll_s, left))
-            woken.clear()
-            found = await again()
-        return found
-    finally:
-        listener.unsubscribe(key, wake)

@@ -1,16 +1,15 @@
 """The @app.task decorator's product: send, send_many, schedule, with_options.
 
-Everything a caller can get wrong is checked here, before anything is written:
-arguments bind to the signature, values encode to JSON, options are in range.
+Everything a caller can get wrong is checked before anything is written: here,
+that arguments bind to the signature and values encode to JSON; in tether.options,
+that options are in range.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -18,39 +17,25 @@ import psycopg
 from typing_extensions import Unpack
 
 from tether import codec
+from tether.broker.queries import q
 from tether.config import RetryPolicy
-from tether.errors import (
-    BadArgumentsError,
-    InvalidOptionError,
-    SerializationError,
-    TaskDefinitionError,
-    UnknownQueueError,
-)
+from tether.errors import BadArgumentsError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import new_task_id, new_task_ids
+from tether.offload import in_thread
+from tether.options import SendOptions, check_delay, check_good_until
+from tether.workflow.definition import Node, NodeOptions, make_node
 
 if TYPE_CHECKING:
     from tether.app import Tether
-    from tether.workflow.definition import Node, NodeOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 #: Keyword names that send() takes for itself; a task may not use them as parameters.
 RESERVED_OPTION_NAMES = frozenset({"good_until"})
-PRIORITY_MIN, PRIORITY_MAX = -100, 100
-MAX_DELAY = timedelta(days=3650)
-MAX_TIME_LIMIT = timedelta(days=30)
 # Rows per INSERT in send_many; bigger batches run several statements in one transaction.
 SEND_MANY_CHUNK = 20_000
-
-
-@dataclass(frozen=True, slots=True)
-class SendOptions:
-    queue: str
-    priority: int
-    good_until: datetime | None
-    durable: bool | None = None  # None: the app's PostgresConfig.durable_sends
 
 
 class Task(Generic[P, R]):
@@ -202,9 +187,9 @@ class BoundTask:
         self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> dict[str, Any]:
         good_until = kwargs.pop("good_until", None)
-        good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
+        good_until = check_good_until(good_until) if good_until is not None else self.options.good_until
         args_json, kwargs_json = self.task.encode_arguments(args, kwargs)
-        return self._params(new_task_id(), args_json, kwargs_json, _check_delay(delay), good_until)
+        return self._params(new_task_id(), args_json, kwargs_json, check_delay(delay), good_until)
 
     def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return self.schedule(timedelta(0), *args, **kwargs)
@@ -215,8 +200,6 @@ class BoundTask:
         Options: args=(...), kwargs={...}, name=, after=[...], args_from={param: node},
         join="all" | "any", run_anyway=False (see tether.workflow.definition.make_node).
         """
-        from tether.workflow.definition import make_node
-
         return make_node(self, **options)
 
     async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
@@ -229,14 +212,14 @@ class BoundTask:
 
     async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         params = self._prepare(delay, args, kwargs)
-        await asyncio.to_thread(self.task.app.broker.fetchall, "insert_task", params)  # see handle._in_thread
+        await in_thread(self.task.app.broker.fetchall, "insert_task", params)
         return TaskHandle(self.task.app, params["id"], self.task.name)
 
     def _prepare_many(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], list[Any]]:
         good_until = common.pop("good_until", None)
-        good_until = _check_good_until(good_until) if good_until is not None else self.options.good_until
+        good_until = check_good_until(good_until) if good_until is not None else self.options.good_until
         args_list: list[str] = []
         kwargs_list: list[str] = []
         for index, item in enumerate(items):
@@ -282,14 +265,12 @@ class BoundTask:
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
     ) -> list[TaskHandle[Any]]:
         chunks, ids = self._prepare_many(items, common)
-        await asyncio.to_thread(self._insert_many, chunks)  # see handle._in_thread
+        await in_thread(self._insert_many, chunks)
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
 
     def _insert_many(self, chunks: list[dict[str, Any]]) -> None:
         if not chunks:
             return
-        from tether.broker.queries import q
-
         statement = q("insert_tasks")
 
         def insert_all(conn: psycopg.Connection[Any]) -> None:
@@ -298,70 +279,3 @@ class BoundTask:
                     conn.execute(statement, params)
 
         self.task.app.broker.run(insert_all, idempotent_insert=True)
-
-
-def _check_good_until(value: Any) -> datetime:
-    if not isinstance(value, datetime):
-        raise InvalidOptionError(f"good_until must be a timezone-aware datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidOptionError(
-            "good_until is a naive datetime; give it a timezone, "
-            "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
-        )
-    return value
-
-
-def _check_delay(delay: Any) -> timedelta:
-    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
-        raise InvalidOptionError(
-            f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}"
-        )
-    if not isinstance(delay, timedelta) and not 0 <= delay <= MAX_DELAY.total_seconds():
-        # Checked as a number first: timedelta() itself fails on NaN, inf and huge values.
-        raise InvalidOptionError(
-            f"delay must be between 0 and {MAX_DELAY.days} days ({MAX_DELAY.total_seconds():.0f} s), "
-            f"got {delay!r}"
-        )
-    td = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
-    if td < timedelta(0) or td > MAX_DELAY:
-        raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")
-    return td
-
-
-def check_time_limit(task_name: str, value: Any) -> float | None:
-    """A task's time limit in seconds (from seconds or a timedelta); the error names the task."""
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not 0 < seconds <= MAX_TIME_LIMIT.total_seconds()
-    ):
-        raise TaskDefinitionError(
-            f"task {task_name!r}: time_limit must be a number of seconds or a timedelta, "
-            f"more than 0 and at most {MAX_TIME_LIMIT.days} days, got {value!r}"
-        )
-    return float(seconds)
-
-
-def check_priority(priority: Any) -> int:
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not PRIORITY_MIN <= priority <= PRIORITY_MAX
-    ):
-        raise InvalidOptionError(
-            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
-            f"got {priority!r}"
-        )
-    return priority
-
-
-def check_queue(queue: Any, declared: Sequence[str]) -> str:
-    if queue not in declared:
-        raise UnknownQueueError(
-            f"queue {queue!r} is not declared; declared queues: {', '.join(declared)}. "
-            "Add it to AppConfig(queues=[...])"
-        )
-    return str(queue)

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import tether.cli
+import tether.cli.common
 from tests.cli_support import run, run_json, tether_command
 from tests.conftest import WorkerFactory
 from tether.broker import PostgresBroker
@@ -29,14 +29,14 @@ def close_brokers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     run in-process here, a pool left open would be collected later, inside some other test.
     """
     opened: list[PostgresBroker] = []
-    original = tether.cli._broker
+    original = tether.cli.common.open_broker
 
     def tracking(*args: Any, **kwargs: Any) -> PostgresBroker:
         broker = original(*args, **kwargs)
         opened.append(broker)
         return broker
 
-    monkeypatch.setattr(tether.cli, "_broker", tracking)
+    monkeypatch.setattr(tether.cli.common, "open_broker", tracking)
     yield
     for broker in opened:
         broker.close()

@@ -22,6 +22,7 @@ from rich.console import Console
 
 import tether
 import tether.cli
+import tether.cli.common
 from tests.apps.support import ensure_ledger, load_app_module
 from tests.cli_support import run, run_json, tether_command
 from tests.conftest import WorkerFactory
@@ -40,8 +41,8 @@ def flows(database_url: str, db: Conn) -> Iterator[ModuleType]:
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tables wide enough that no cell is cut (the commands print through tether.cli.console)."""
-    monkeypatch.setattr(tether.cli, "console", Console(width=200))
+    """Tables wide enough that no cell is cut (the commands print through tether.cli.common.console)."""
+    monkeypatch.setattr(tether.cli.common, "console", Console(width=200))
 
 
 def tree(output: str) -> list[str]:
@@ -324,7 +325,7 @@ def test_the_tree_has_one_line_per_root_and_per_edge(database_url: str, flows: M
 def test_a_long_chain_continues_at_the_top_level(
     database_url: str, flows: ModuleType, db: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tether.cli, "console", Console(width=80))  # 10 levels deep at most
+    monkeypatch.setattr(tether.cli.common, "console", Console(width=80))  # 10 levels deep at most
     add = flows.add.with_options(queue="other")
     nodes = [flows.number.with_options(queue="other").node(args=(0,), name="c0")]
     for i in range(1, 14):

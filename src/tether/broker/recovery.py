@@ -215,7 +215,7 @@ def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[Row
     return conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit}).fetchall()
 
 
-def recover_now(
+def apply_task_rules(
     conn: Conn,
     *,
     claimed_threshold_ms: float,
@@ -223,7 +223,9 @@ def recover_now(
     worker_threshold_ms: float,
     dry_run: bool = False,
 ) -> Recovered:
-    """One manual pass of the reaper's task rules. A dry run does it all and rolls it back."""
+    """The reaper's task rules, applied once on demand (``tether recover``): expire what is
+    past good_until, requeue stale CLAIMED, retry or fail stale RUNNING, mark silent workers
+    inactive. A dry run does it all and rolls it back."""
     done = Recovered()
     with conn.transaction(force_rollback=dry_run):
         done.expired = expire_pending(conn)

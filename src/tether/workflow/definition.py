@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from tether import codec
 from tether.errors import SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
+from tether.options import SendOptions
 from tether.result import TaskResult
+from tether.workflow import engine
+from tether.workflow.handle import WorkflowHandle
 
 if TYPE_CHECKING:
+    # Only for annotations: tasks build nodes (task.node()), so task.py imports this module.
     from tether.app import Tether
-    from tether.task import BoundTask, SendOptions, Task
-    from tether.workflow.handle import WorkflowHandle
+    from tether.task import BoundTask, Task
 
 Join = Literal["all", "any"]
 OnError = Literal["fail", "pause"]
@@ -298,9 +301,6 @@ class Workflow:
 
     def start(self) -> WorkflowHandle:
         """Write the workflow and enqueue its first steps (one transaction)."""
-        from tether.workflow import engine
-        from tether.workflow.handle import WorkflowHandle
-
         workflow_id = new_task_id()
         workflow, steps = self.rows(workflow_id)
         self.app.broker.run(lambda conn: engine.start(conn, workflow, steps), idempotent_insert=True)

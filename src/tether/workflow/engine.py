@@ -28,9 +28,6 @@ log = logging.getLogger("tether.workflow")
 Row = dict[str, Any]
 Conn = psycopg.Connection[Row]
 
-# Step statuses, as stored in tether_workflow_tasks.status.
-STEP_FINISHED = frozenset({"COMPLETED", "FAILED", "SKIPPED", "CANCELLED"})
-
 
 @dataclass
 class Advanced:

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
-from tether.handle import TaskHandle, _check_timeout, _timed_out
+from tether.handle import TaskHandle
+from tether.offload import in_thread
 from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
-from tether.result_listener import wait_for, wait_for_async
+from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
 from tether.workflow import engine
 
 if TYPE_CHECKING:
     from tether.app import Tether
-
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +76,7 @@ class WorkflowHandle:
         return WorkflowStatus(self._row()["status"])
 
     async def status_async(self) -> WorkflowStatus:
-        return await _in_thread(self.status)
+        return await in_thread(self.status)
 
     def info(self) -> WorkflowInfo:
         row = self._row()
@@ -87,7 +84,7 @@ class WorkflowHandle:
         return _info(row, steps)
 
     async def info_async(self) -> WorkflowInfo:
-        return await _in_thread(self.info)
+        return await in_thread(self.info)
 
     def results(self) -> dict[str, TaskResult[Any, TaskError] | None]:
         """Every step's result by node name; None for steps that have not finished."""
@@ -96,7 +93,7 @@ class WorkflowHandle:
         return {s["node_name"]: _step_result(s) for s in steps}
 
     async def results_async(self) -> dict[str, TaskResult[Any, TaskError] | None]:
-        return await _in_thread(self.results)
+        return await in_thread(self.results)
 
     def task(self, node_name: str) -> TaskHandle[Any]:
         """The TaskHandle of one step (its task may not exist yet: see info())."""
@@ -112,21 +109,21 @@ class WorkflowHandle:
         return self.app.broker.run(lambda conn: engine.cancel(conn, self.id))
 
     async def cancel_async(self) -> bool:
-        return await _in_thread(self.cancel)
+        return await in_thread(self.cancel)
 
     def pause(self) -> bool:
         """Start no new steps until resume(); running ones finish. True if it was running."""
         return self.app.broker.run(lambda conn: engine.pause(conn, self.id))
 
     async def pause_async(self) -> bool:
-        return await _in_thread(self.pause)
+        return await in_thread(self.pause)
 
     def resume(self) -> bool:
         """Resume a PAUSED workflow: the steps that became ready meanwhile start. True if it was paused."""
         return self.app.broker.run(lambda conn: engine.resume(conn, self.id))
 
     async def resume_async(self) -> bool:
-        return await _in_thread(self.resume)
+        return await in_thread(self.resume)
 
     # -- waiting -------------------------------------------------------------
 
@@ -138,23 +135,23 @@ class WorkflowHandle:
         WORKFLOW_FAILED whose data names each failed step's error. CANCELLED:
         err WORKFLOW_CANCELLED. Timeout: err WAIT_TIMEOUT (the workflow goes on).
         """
-        _check_timeout(timeout)
+        check_timeout(timeout)
         poll = self.app.config.result_poll_interval_ms / 1000
         found = wait_for(self.app.result_listener, str(self.id), self._watch, self._read, timeout, poll)
-        return found if found is not None else _timed_out(timeout, "workflow")
+        return found if found is not None else timed_out(timeout, "workflow")
 
     async def get_async(self, timeout: float | None = None) -> TaskResult[Any, TaskError]:
-        _check_timeout(timeout)
+        check_timeout(timeout)
         poll = self.app.config.result_poll_interval_ms / 1000
 
         async def watch() -> TaskResult[Any, TaskError] | None:
-            return await _in_thread(self._watch)
+            return await in_thread(self._watch)
 
         async def read() -> TaskResult[Any, TaskError] | None:
-            return await _in_thread(self._read)
+            return await in_thread(self._read)
 
         found = await wait_for_async(self.app.result_listener, str(self.id), watch, read, timeout, poll)
-        return found if found is not None else _timed_out(timeout, "workflow")
+        return found if found is not None else timed_out(timeout, "workflow")
 
     def _watch(self) -> TaskResult[Any, TaskError] | None:
         row = self.app.broker.fetchone("watch_workflow", {"id": self.id})
@@ -253,8 +250,3 @@ def _info(row: dict[str, Any], steps: list[dict[str, Any]]) -> WorkflowInfo:
             for s in steps
         ),
     )
-
-
-async def _in_thread(fn: Callable[[], R]) -> R:
-    """Off the event loop on the broker's sync pool (see tether.handle._in_thread for why)."""
-    return await asyncio.to_thread(fn)

@@ -2,7 +2,9 @@
 
 The reaper runs ``reconcile`` after its task rules in every tick, so a step
 whose task it has just failed is settled (and its dependents enqueued) in the
-same tick; ``recover_stuck_workflows`` runs the same pass on demand.
+same tick; ``recover_stuck_workflows`` runs the same pass on demand, and
+``reconcile_and_report`` runs it for ``tether recover``, saying which workflows
+it touched (or, in a dry run, would touch).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from tether.broker.queries import q
+from tether.result import WorkflowStatus
 from tether.workflow import engine
 
 if TYPE_CHECKING:
@@ -92,8 +95,8 @@ def reconcile(conn: Conn, stuck: dict[Any, list[Any]], unfinished: list[Any]) ->
     return done
 
 
-def recover_now(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
-    """One reconciliation pass (what the reaper does each tick), until nothing is left."""
+def reconcile_all(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
+    """Reconcile as the reaper does each tick, batch after batch, until nothing is left."""
     total = WorkflowsRecovered()
     while True:
         stuck = find_stuck(conn, limit)
@@ -105,6 +108,56 @@ def recover_now(conn: Conn, limit: int = BATCH) -> WorkflowsRecovered:
             return total
 
 
+@dataclass
+class ReconcileReport:
+    """What ``reconcile_and_report`` did (or, in a dry run, would do), workflow by workflow."""
+
+    dry_run: bool
+    steps: int  # settled (or, in a dry run, found stuck)
+    finished: list[str]  # workflows that ended (dry run: whose steps have all ended already)
+    workflows: list[Row]  # id, name, stuck_steps, status (afterwards) of each one touched
+
+
+def reconcile_and_report(conn: Conn, *, dry_run: bool, limit: int = BATCH) -> ReconcileReport:
+    """reconcile_all, after reading up to ``limit`` stuck steps and unfinished workflows to
+    report on (with their status before and after). A dry run only finds them."""
+    stuck = find_stuck(conn, limit)
+    unfinished = find_unfinished(conn, limit)
+    ids = list(dict.fromkeys([*stuck, *unfinished]))
+    before = _statuses(conn, ids)
+    if dry_run:
+        steps, after = sum(map(len, stuck.values())), before
+        # (find_unfinished may also name CANCELLED ones with step tasks left to cancel.)
+        finished = [str(w) for w in unfinished if w in before and _is_open(before[w])]
+    else:
+        done = reconcile_all(conn)
+        steps, after = done.steps, _statuses(conn, ids)
+        ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
+        finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))
+    workflows = [
+        {
+            "id": str(w),
+            "name": after[w]["name"],
+            "stuck_steps": len(stuck.get(w, ())),
+            "status": after[w]["status"],
+        }
+        for w in ids
+        if w in after
+    ]
+    return ReconcileReport(dry_run, steps, finished, workflows)
+
+
+def _is_open(row: Row) -> bool:
+    return not WorkflowStatus(row["status"]).is_terminal
+
+
+def _statuses(conn: Conn, ids: list[Any]) -> dict[Any, Row]:
+    if not ids:
+        return {}
+    rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
+    return {r["id"]: r for r in rows}
+
+
 def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
     """Settle steps whose task ended without advancing its workflow, and finish what is done.
 
@@ -114,7 +167,7 @@ def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecover
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
-    return app.broker.run(lambda conn: recover_now(conn, limit))
+    return app.broker.run(lambda conn: reconcile_all(conn, limit))
 
 
 async def recover_stuck_workflows_async(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:

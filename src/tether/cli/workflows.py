@@ -1,8 +1,5 @@
-"""The workflow commands of ``tether``: ``workflows``, ``workflow ID``, and the workflow pass of ``recover``.
-
-They register on the ``cli`` group of tether.cli (which imports this module) and share its
-options and helpers, so they find the database, print tables and JSON the same way.
-"""
+"""``tether workflows`` (recent workflows, filtered) and ``tether workflow ID`` (one workflow,
+its steps as a tree; --cancel, --resume), with how a workflow is shown as a tree and as JSON."""
 
 from __future__ import annotations
 
@@ -13,46 +10,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
-import psycopg
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from tether import cli as base
 from tether.app import Tether
-from tether.broker.queries import q
+from tether.cli import common
 from tether.errors import WorkflowNotFoundError
 from tether.ids import parse_task_id
 from tether.result import StepStatus, TaskError, TaskResult, WorkflowStatus
-from tether.workflow import recovery as workflow_recovery
 from tether.workflow.handle import StepInfo, WorkflowHandle, WorkflowInfo
-
-STYLES: dict[str, str] = {
-    # workflow, step and task statuses share one palette
-    "RUNNING": "cyan",
-    "PAUSED": "yellow",
-    "COMPLETED": "green",
-    "FAILED": "red",
-    "CANCELLED": "magenta",
-    "EXPIRED": "magenta",
-    "SKIPPED": "yellow",
-    "WAITING": "dim",
-    "READY": "cyan",
-    "ENQUEUED": "blue",
-    "PENDING": "dim",
-    "CLAIMED": "cyan",
-}
-# How many stuck steps `tether recover` reads up front to list their workflows.
-REPORT_LIMIT = workflow_recovery.BATCH
-
-
-def _status(value: str) -> Text:
-    return Text(value, style=STYLES.get(value, ""))
 
 
 def _app(database_url: str | None) -> Tether:
     """A bare app (no tasks) on the command's database: enough for a WorkflowHandle."""
-    app = Tether(base._config(database_url))
+    app = Tether(common.load_config(database_url))
     click.get_current_context().call_on_close(app.close)
     return app
 
@@ -60,9 +32,9 @@ def _app(database_url: str | None) -> Tether:
 # -- tether workflows -----------------------------------------------------------------------
 
 
-@base.cli.command()
-@base._db_option
-@base._json_option
+@click.command()
+@common.db_option
+@common.json_option
 @click.option(
     "--status", "status_", type=click.Choice([s.value for s in WorkflowStatus], case_sensitive=False)
 )
@@ -72,39 +44,39 @@ def workflows(
     database_url: str | None, as_json: bool, status_: str | None, name: str | None, limit: int
 ) -> None:
     """Recent workflows, newest first, filtered by status or name."""
-    rows = base._broker(database_url).fetchall(
+    rows = common.open_broker(database_url).fetchall(
         "list_workflows",
         {"status": status_.upper() if status_ else None, "name": name, "limit": limit},
     )
     if as_json:
-        base._emit_json(rows)
+        common.emit_json(rows)
         return
-    table = base._table(
+    table = common.table(
         "Workflows",
         ["id", "name", "status", "steps", "failed", "created", "finished"],
         [
             [
                 r["id"],
                 r["name"],
-                _status(r["status"]),
+                common.status_text(r["status"]),
                 f"{r['steps_done']}/{r['steps_total']}",
                 r["steps_failed"],
-                base._ts(r["created_at"]),
-                base._ts(r["finished_at"]),
+                common.ts(r["created_at"]),
+                common.ts(r["finished_at"]),
             ]
             for r in rows
         ],
     )
-    base.console.print(table)
+    common.console.print(table)
 
 
 # -- tether workflow ID ---------------------------------------------------------------------
 
 
-@base.cli.command()
+@click.command()
 @click.argument("workflow_id")
-@base._db_option
-@base._json_option
+@common.db_option
+@common.json_option
 @click.option(
     "--cancel", is_flag=True, help="Cancel it: steps not started are cancelled, running ones finish."
 )
@@ -128,12 +100,12 @@ def workflow(workflow_id: str, database_url: str | None, as_json: bool, cancel: 
         message = _resumed(before, info) if acted else _not_acted(info, "resume", "it is not PAUSED")
     if as_json:
         action = {"cancelled": acted} if cancel else {"resumed": acted} if resume else {}
-        base._emit_json({**action, **info_json(info)})
+        common.emit_json({**action, **info_json(info)})
         return
     if message is not None:
-        base.console.print(message)
-    base.console.print(_fields(info))
-    base.console.print(steps_tree(info.steps, max_depth=max(4, (base.console.width - 40) // 4)))
+        common.console.print(message)
+    common.console.print(_fields(info))
+    common.console.print(steps_tree(info.steps, max_depth=max(4, (common.console.width - 40) // 4)))
 
 
 def _read(handle: WorkflowHandle) -> WorkflowInfo:
@@ -163,12 +135,14 @@ def _resumed(before: WorkflowInfo, after: WorkflowInfo) -> Text:
     return Text.assemble(
         f"workflow {after.id} resumed: {started} step(s) that became ready while it was paused "
         "were enqueued; it is now ",
-        _status(after.status),
+        common.status_text(after.status),
     )
 
 
 def _not_acted(info: WorkflowInfo, verb: str, why: str) -> Text:
-    return Text.assemble(f"workflow {info.id} is ", _status(info.status), f": nothing to {verb} ({why})")
+    return Text.assemble(
+        f"workflow {info.id} is ", common.status_text(info.status), f": nothing to {verb} ({why})"
+    )
 
 
 def _fields(info: WorkflowInfo) -> Table:
@@ -176,13 +150,13 @@ def _fields(info: WorkflowInfo) -> Table:
     fields = Table(title=title, title_justify="left", show_header=False, min_width=len(title))
     rows: list[tuple[str, str | Text]] = [
         ("name", info.name),
-        ("status", _status(info.status)),
+        ("status", common.status_text(info.status)),
         ("on_error", info.on_error),
         ("steps", f"{info.steps_done} of {info.steps_total} done, {info.steps_failed} failed"),
-        ("created_at", base._ts(info.created_at)),
-        ("updated_at", base._ts(info.updated_at)),
-        ("paused_at", base._ts(info.paused_at)),
-        ("finished_at", base._ts(info.finished_at)),
+        ("created_at", common.ts(info.created_at)),
+        ("updated_at", common.ts(info.updated_at)),
+        ("paused_at", common.ts(info.paused_at)),
+        ("finished_at", common.ts(info.finished_at)),
     ]
     for key, value in rows:
         fields.add_row(key, Text(value) if isinstance(value, str) else value)
@@ -244,10 +218,10 @@ def _step_line(step: StepInfo) -> Text:
     if step.task_name != step.name:
         line.append(f"  {step.task_name}", style="dim")
     line.append("  ")
-    line.append_text(_status(step.status))
+    line.append_text(common.status_text(step.status))
     if step.task_status is not None:
         line.append("  task ", style="dim")
-        line.append_text(_status(step.task_status))
+        line.append_text(common.status_text(step.task_status))
         if step.attempt:
             line.append(f", attempt {step.attempt}", style="dim")
     if step.error_code and step.status in (StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED):
@@ -284,7 +258,7 @@ def _result_json(result: TaskResult[Any, TaskError] | None) -> Any:
 
 def _plain(value: Any) -> Any:
     """A decoded value in JSON's types; bytes as base64, and other values the codec
-    restores (datetime, UUID, Decimal, ...) as strings by _emit_json."""
+    restores (datetime, UUID, Decimal, ...) as strings by common.emit_json."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
@@ -294,82 +268,4 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# -- the workflow pass of tether recover ----------------------------------------------------
-
-
-@dataclasses.dataclass
-class WorkflowsReconciled:
-    dry_run: bool
-    steps: int  # settled (or, in a dry run, found stuck)
-    finished: list[str]  # workflows that ended (dry run: whose steps have all ended already)
-    workflows: list[dict[str, Any]]  # id, name, stuck_steps, status (afterwards) of each one touched
-
-    def json(self) -> dict[str, Any]:
-        return {"steps_settled": self.steps, "finished": self.finished, "workflows": self.workflows}
-
-    def table(self) -> Table:
-        title = (
-            "Workflows with stuck steps (dry run: nothing changed)"
-            if self.dry_run
-            else "Workflows reconciled"
-        )
-        return base._table(
-            title,
-            ["workflow", "name", "stuck steps", "status"],
-            [[w["id"], w["name"], w["stuck_steps"], _status(w["status"])] for w in self.workflows],
-        )
-
-    def summary(self) -> str:
-        if self.dry_run:
-            with_stuck = sum(1 for w in self.workflows if w["stuck_steps"])
-            line = f"{self.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
-            if self.finished:
-                line += f", {len(self.finished)} workflow(s) whose steps have all ended would be finished"
-            return line
-        return (
-            f"{self.steps} stuck workflow step(s) were settled, "
-            f"{len(self.finished)} workflow(s) were finished"
-        )
-
-
-def reconcile_workflows(conn: psycopg.Connection[dict[str, Any]], *, dry_run: bool) -> WorkflowsReconciled:
-    """After the task pass: settle steps whose task has ended and finish what is done (the
-    reaper's reconciliation). A dry run only finds them."""
-    stuck = workflow_recovery.find_stuck(conn, REPORT_LIMIT)
-    unfinished = workflow_recovery.find_unfinished(conn, REPORT_LIMIT)
-    ids = list(dict.fromkeys([*stuck, *unfinished]))
-    before = _statuses(conn, ids)
-    if dry_run:
-        steps, after = sum(map(len, stuck.values())), before
-        # (find_unfinished may also name CANCELLED ones with step tasks left to cancel.)
-        finished = [str(w) for w in unfinished if w in before and _is_open(before[w])]
-    else:
-        done = workflow_recovery.recover_now(conn)
-        steps, after = done.steps, _statuses(conn, ids)
-        ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
-        finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))
-    workflows = [
-        {
-            "id": str(w),
-            "name": after[w]["name"],
-            "stuck_steps": len(stuck.get(w, ())),
-            "status": after[w]["status"],
-        }
-        for w in ids
-        if w in after
-    ]
-    return WorkflowsReconciled(dry_run, steps, finished, workflows)
-
-
-def _is_open(row: dict[str, Any]) -> bool:
-    return not WorkflowStatus(row["status"]).is_terminal
-
-
-def _statuses(conn: psycopg.Connection[dict[str, Any]], ids: list[Any]) -> dict[Any, dict[str, Any]]:
-    if not ids:
-        return {}
-    rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
-    return {r["id"]: r for r in rows}
-
-
-__all__ = ["info_json", "reconcile_workflows", "steps_tree", "workflow", "workflows"]
+__all__ = ["info_json", "steps_tree", "workflow", "workflows"]

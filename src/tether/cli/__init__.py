@@ -1,0 +1,61 @@
+"""The ``tether`` command. click for parsing (typed options, good --help), rich for tables.
+
+Each group of commands is a module of this package that knows only tether.cli.common;
+this module makes the ``tether`` group, adds their commands to it, and runs it (``main``,
+the console script).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from tether.app import Tether
+from tether.cli import dashboard, demo, migrate, recovery, status, tasks, workers, workflows
+from tether.config import AppConfig
+from tether.errors import TetherError
+
+
+@click.group()
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def cli(log_level: str) -> None:
+    """tether: durable background tasks on PostgreSQL."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+for command in (
+    workers.worker,
+    migrate.migrate,
+    status.status,
+    dashboard.dashboard,
+    workers.workers,
+    tasks.tasks,
+    tasks.task,
+    recovery.recover,
+    demo.demo,
+    workflows.workflows,
+    workflows.workflow,
+):
+    cli.add_command(command)
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except (TetherError, ValueError) as exc:
+        # User-caused errors (bad app path, task id, option, config): the message, not a traceback.
+        # ValueError covers pydantic's ValidationError, whose text names the field.
+        logging.getLogger("tether.cli").debug("command failed", exc_info=exc)
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+# AppConfig and Tether were exported from tether.cli before it became a package.
+__all__ = ["AppConfig", "Tether", "cli", "main"]

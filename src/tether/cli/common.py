@@ -1,0 +1,118 @@
+"""What every ``tether`` command shares: its common options, the database it talks to,
+and how it prints (rich tables, JSON for scripts, one colour per status).
+
+Commands reach these through the module (``common.console``, ``common.open_broker``)
+rather than importing the names, so one replacement here (a wider console, a broker
+that tests close) applies to every command.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from tether.broker import PostgresBroker
+from tether.config import AppConfig, PostgresConfig
+
+console = Console()
+
+db_option = click.option(
+    "--database-url",
+    envvar="TETHER_DATABASE_URL",
+    default=None,
+    help="PostgreSQL URL (default: TETHER_DATABASE_URL, else the embedded server).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+app_option = click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="module:app whose RecoveryConfig (thresholds, intervals) to use; default: TETHER_* and defaults.",
+)
+
+STYLES: dict[str, str] = {
+    # workflow, step and task statuses share one palette
+    "RUNNING": "cyan",
+    "PAUSED": "yellow",
+    "COMPLETED": "green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+    "EXPIRED": "magenta",
+    "SKIPPED": "yellow",
+    "WAITING": "dim",
+    "READY": "cyan",
+    "ENQUEUED": "blue",
+    "PENDING": "dim",
+    "CLAIMED": "cyan",
+}
+
+
+def load_config(database_url: str | None, app_path: str | None = None) -> AppConfig:
+    """The app's config when --app is given (its thresholds and queues), else TETHER_* and defaults."""
+    if app_path:
+        from tether.worker.app_loader import load_app
+
+        config = load_app(app_path).config
+    else:
+        config = AppConfig()
+    if database_url:
+        config = config.model_copy(update={"broker": PostgresConfig(database_url=database_url)})
+    return config
+
+
+def open_broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:
+    config = load_config(database_url, app_path)
+    broker = PostgresBroker(config.broker, auto_migrate=config.auto_migrate)
+    # Close the pool before the interpreter tears threads down (else psycopg_pool warns).
+    click.get_current_context().call_on_close(broker.close)
+    return broker
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, default=str, indent=2))
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    shown = Table(title=title, title_justify="left")
+    for col in columns:
+        shown.add_column(col)
+    for row in rows:
+        # Values are text, not markup (names and error codes are the user's); renderables pass through.
+        shown.add_row(*(v if isinstance(v, Text) else escape("" if v is None else str(v)) for v in row))
+    return shown
+
+
+def status_text(value: str) -> Text:
+    """A workflow, step or task status in its colour."""
+    return Text(value, style=STYLES.get(value, ""))
+
+
+def ts(value: Any) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def workers_table(workers: list[dict[str, Any]]) -> Table:
+    """Workers with their heartbeat age (tether status and tether workers)."""
+    return table(
+        "Workers",
+        ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"],
+        [
+            [
+                w["id"],
+                w["status"],
+                ",".join(w["queues"]),
+                w["processes"],
+                w["claimed"],
+                w["running"],
+                f"{float(w['heartbeat_age_s']):.1f}s",
+            ]
+            for w in workers
+        ],
+    )

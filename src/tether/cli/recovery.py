@@ -1,0 +1,121 @@
+"""``tether recover``: the reaper's task rules, then its workflow reconciliation, run once now.
+
+The work is done by broker.recovery.apply_task_rules and
+workflow.recovery.reconcile_and_report; this module picks the thresholds and prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+
+from tether.broker.recovery import apply_task_rules
+from tether.cli import common
+from tether.workflow.recovery import ReconcileReport, reconcile_and_report
+
+
+@click.command()
+@common.db_option
+@common.json_option
+@click.option("--dry-run", is_flag=True, help="Show what would be recovered; change nothing.")
+@click.option(
+    "--claimed-threshold-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="CLAIMED with no claimer heartbeat this long goes back to PENDING "
+    "(default: claimed_stale_threshold_ms).",
+)
+@click.option(
+    "--running-threshold-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="RUNNING with no runner heartbeat this long is retried or failed "
+    "(default: running_stale_threshold_ms).",
+)
+@common.app_option
+def recover(
+    database_url: str | None,
+    as_json: bool,
+    dry_run: bool,
+    claimed_threshold_ms: int | None,
+    running_threshold_ms: int | None,
+    app_path: str | None,
+) -> None:
+    """Recover stale tasks now, by the reaper's rules (manual recovery), then reconcile workflows."""
+    rc = common.load_config(database_url, app_path).recovery
+    broker = common.open_broker(database_url, app_path)
+    beat_ms = min(rc.claimer_heartbeat_interval_ms, rc.runner_heartbeat_interval_ms)
+    with broker.connection() as conn:
+        done = apply_task_rules(
+            conn,
+            claimed_threshold_ms=claimed_threshold_ms or rc.claimed_stale_threshold_ms,
+            running_threshold_ms=running_threshold_ms or rc.running_stale_threshold_ms,
+            worker_threshold_ms=3 * beat_ms,
+            dry_run=dry_run,
+        )
+        # Then the reaper's workflow reconciliation, which also settles the steps of tasks failed above.
+        flows = reconcile_and_report(conn, dry_run=dry_run)
+    rows = (
+        [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
+        + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
+        + [("FAILED (WORKER_CRASHED)", r) for r in done.failed]
+    )
+    if as_json:
+        common.emit_json(
+            {
+                "dry_run": dry_run,
+                "expired": done.expired,
+                "tasks": [{"action": a, **r} for a, r in rows],
+                "workers_deactivated": done.deactivated,
+                "workflows": _report_json(flows),
+            }
+        )
+        return
+    verb = "would be" if dry_run else "were"
+    common.console.print(
+        common.table(
+            f"Stale tasks ({'dry run: nothing changed' if dry_run else 'recovered'})",
+            ["task", "name", "attempt", "worker", "silent", "action"],
+            [
+                [r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], f"{r['silent_s']:.1f}s", a]
+                for a, r in rows
+            ],
+        )
+    )
+    common.console.print(
+        f"{len(rows)} stale task(s) {verb} recovered, {done.expired} expired task(s) {verb} marked "
+        f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
+    )
+    if flows.workflows:
+        common.console.print(_report_table(flows))
+    common.console.print(_report_summary(flows))
+
+
+def _report_json(report: ReconcileReport) -> dict[str, Any]:
+    return {"steps_settled": report.steps, "finished": report.finished, "workflows": report.workflows}
+
+
+def _report_table(report: ReconcileReport) -> Table:
+    title = (
+        "Workflows with stuck steps (dry run: nothing changed)" if report.dry_run else "Workflows reconciled"
+    )
+    return common.table(
+        title,
+        ["workflow", "name", "stuck steps", "status"],
+        [[w["id"], w["name"], w["stuck_steps"], common.status_text(w["status"])] for w in report.workflows],
+    )
+
+
+def _report_summary(report: ReconcileReport) -> str:
+    if report.dry_run:
+        with_stuck = sum(1 for w in report.workflows if w["stuck_steps"])
+        line = f"{report.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
+        if report.finished:
+            line += f", {len(report.finished)} workflow(s) whose steps have all ended would be finished"
+        return line
+    return (
+        f"{report.steps} stuck workflow step(s) were settled, "
+        f"{len(report.finished)} workflow(s) were finished"
+    )

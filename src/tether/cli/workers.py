@@ -1,0 +1,55 @@
+"""``tether worker`` (run one) and ``tether workers`` (list them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from tether.cli import common
+from tether.config import WorkerConfig
+
+
+@click.command()
+@click.argument("app_path")
+@click.option("--processes", "-p", type=int, default=None, help="Child processes running tasks.")
+@click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all declared).")
+@click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
+@click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
+@click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
+def worker(
+    app_path: str,
+    processes: int | None,
+    queues: str | None,
+    prefetch: int | None,
+    grace_period: float | None,
+    poll_interval_ms: int | None,
+) -> None:
+    """Run a worker for APP_PATH (module:app)."""
+    from tether.worker.app_loader import load_app
+    from tether.worker.main import run_worker
+
+    app = load_app(app_path)
+    overrides: dict[str, Any] = {
+        "processes": processes,
+        "queues": queues,
+        "prefetch": prefetch,
+        "grace_period_s": grace_period,
+        "poll_interval_ms": poll_interval_ms,
+    }
+    base = app.config.worker.model_dump()
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    run_worker(app, app_path, WorkerConfig(**base))
+
+
+@click.command()
+@common.db_option
+@common.json_option
+@click.option("--all", "show_all", is_flag=True, help="Include stopped and inactive workers.")
+def workers(database_url: str | None, as_json: bool, show_all: bool) -> None:
+    """Workers with their heartbeat age."""
+    rows = common.open_broker(database_url).fetchall("list_workers", {"all": show_all, "limit": 500})
+    if as_json:
+        common.emit_json(rows)
+    else:
+        common.console.print(common.workers_table(rows))

@@ -1,0 +1,105 @@
+"""Send options (queue, priority, good_until, durable), a task's time limit and a send's
+delay: their types and every check on them, each error naming the option and why.
+
+Used by task.py (sending), app.py (registering a task) and the workflow code (nodes
+carry the options of their task), and it imports none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueError
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+MAX_DELAY = timedelta(days=3650)
+MAX_TIME_LIMIT = timedelta(days=30)
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    queue: str
+    priority: int
+    good_until: datetime | None
+    durable: bool | None = None  # None: the app's PostgresConfig.durable_sends
+
+
+def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> SendOptions:
+    """Every send option at once (the app gives its declared queues)."""
+    check_queue(options.queue, declared_queues)
+    check_priority(options.priority)
+    if options.good_until is not None:
+        check_good_until(options.good_until)
+    if options.durable is not None and not isinstance(options.durable, bool):
+        raise InvalidOptionError(f"durable must be True or False, got {options.durable!r}")
+    return options
+
+
+def check_good_until(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise InvalidOptionError(f"good_until must be a timezone-aware datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOptionError(
+            "good_until is a naive datetime; give it a timezone, "
+            "e.g. datetime.now(timezone.utc) + timedelta(minutes=5)"
+        )
+    return value
+
+
+def check_delay(delay: Any) -> timedelta:
+    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
+        raise InvalidOptionError(
+            f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}"
+        )
+    if not isinstance(delay, timedelta) and not 0 <= delay <= MAX_DELAY.total_seconds():
+        # Checked as a number first: timedelta() itself fails on NaN, inf and huge values.
+        raise InvalidOptionError(
+            f"delay must be between 0 and {MAX_DELAY.days} days ({MAX_DELAY.total_seconds():.0f} s), "
+            f"got {delay!r}"
+        )
+    td = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+    if td < timedelta(0) or td > MAX_DELAY:
+        raise InvalidOptionError(f"delay must be between 0 and {MAX_DELAY.days} days, got {td}")
+    return td
+
+
+def check_time_limit(task_name: str, value: Any) -> float | None:
+    """A task's time limit in seconds (from seconds or a timedelta); the error names the task."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 < seconds <= MAX_TIME_LIMIT.total_seconds()
+    ):
+        raise TaskDefinitionError(
+            f"task {task_name!r}: time_limit must be a number of seconds or a timedelta, "
+            f"more than 0 and at most {MAX_TIME_LIMIT.days} days, got {value!r}"
+        )
+    return float(seconds)
+
+
+def check_priority(priority: Any) -> int:
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+    ):
+        raise InvalidOptionError(
+            f"priority must be an int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first), "
+            f"got {priority!r}"
+        )
+    return priority
+
+
+def check_queue(queue: Any, declared: Sequence[str]) -> str:
+    if queue not in declared:
+        raise UnknownQueueError(
+            f"queue {queue!r} is not declared; declared queues: {', '.join(declared)}. "
+            "Add it to AppConfig(queues=[...])"
+        )
+    return str(queue)
