@@ -63,5 +63,7 @@ class WorkerPool:
                 except OperationalError as exc:
                     if not (conn.broken or conn.closed) or not tries_left:
                         raise
-                    log.warning("%s: a pooled connection was dead (%s); retrying on another", what, exc)
+                    log.warning(
+                        "%s: a pooled connection was dead (%s); running it again on another", what, exc
+                    )
         raise AssertionError("unreachable: the last try raises")

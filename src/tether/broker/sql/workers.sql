@@ -1,10 +1,13 @@
 -- The worker registry.
 
 -- name: register_worker
+-- The id is new to this process (hostname-pid-random): a row that exists already is this
+-- very registration, committed before a lost connection made the worker run it again.
 INSERT INTO tether_workers (id, hostname, pid, process_started_at, queues, processes,
                             tether_version, task_names, host_key)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(process_started_at)s, %(queues)s, %(processes)s,
-        %(version)s, %(task_names)s, %(host_key)s);
+        %(version)s, %(task_names)s, %(host_key)s)
+ON CONFLICT (id) DO NOTHING;
 
 -- name: name_known_elsewhere
 -- Does another live worker serving this queue know this task name? (rolling deploys)
