@@ -19,6 +19,15 @@ def holding(*ids: str) -> Holdings:
     return held
 
 
+def hand_and_push(held: Holdings) -> tuple[TaskPayload, TaskPayload]:
+    """Child 0 gets the first unhanded task as its current one and the next in its queue."""
+    a, b = held.next_unhanded(), held.next_unhanded()
+    assert a is not None and b is not None
+    held.hand(0, a)
+    held.push(0, b)
+    return a, b
+
+
 def roles(held: Holdings, children: tuple[int, ...] = (0,), fresh: bool = True) -> list[tuple[str, str, int]]:
     beat = held.beat(MAIN_PID, children, lambda slot: CHILD_PID if fresh else None)
     return list(zip(beat.task_ids, beat.roles, beat.pids, strict=True))
@@ -44,10 +53,7 @@ def test_handing_a_task_to_a_child_and_taking_it_back() -> None:
 
 def test_start_run_and_finish_with_the_next_task_started_in_the_same_statement() -> None:
     held = holding("a", "b", "c")
-    a, b = held.next_unhanded(), held.next_unhanded()
-    assert a is not None and b is not None
-    held.hand(0, a)
-    held.push(0, b)
+    a, b = hand_and_push(held)
     assert held.started(0) is a and held.running(0) is a
     assert held.finished(0, "a", next_started=True) is b  # b now runs
     assert held.running(0) is b and held.queued(0) == 0
@@ -56,10 +62,7 @@ def test_start_run_and_finish_with_the_next_task_started_in_the_same_statement()
 
 def test_a_next_task_found_lost_is_no_longer_held() -> None:
     held = holding("a", "b")
-    a, b = held.next_unhanded(), held.next_unhanded()
-    assert a is not None and b is not None
-    held.hand(0, a)
-    held.push(0, b)
+    hand_and_push(held)
     held.started(0)
     assert held.finished(0, "a", next_started=False) is None
     assert len(held) == 0 and held.current(0) is None
@@ -67,10 +70,7 @@ def test_a_next_task_found_lost_is_no_longer_held() -> None:
 
 def test_a_queued_task_becomes_current_when_nothing_was_started_with_the_outcome() -> None:
     held = holding("a", "b")
-    a, b = held.next_unhanded(), held.next_unhanded()
-    assert a is not None and b is not None
-    held.hand(0, a)
-    held.push(0, b)
+    _, b = hand_and_push(held)
     held.started(0)
     assert held.finished(0, "a", next_started=None) is None  # not running yet: STARTED comes
     assert held.current(0) is b and held.running(0) is None
@@ -87,10 +87,7 @@ def test_a_lost_start_lets_the_task_go() -> None:
 
 def test_a_dead_child_s_tasks_stay_held_until_recorded() -> None:
     held = holding("a", "b")
-    a, b = held.next_unhanded(), held.next_unhanded()
-    assert a is not None and b is not None
-    held.hand(0, a)
-    held.push(0, b)
+    a, b = hand_and_push(held)
     assert held.child_gone(0) == [a, b]
     assert len(held) == 2 and held.of_child(0) == []
     held.forget("a")
@@ -100,10 +97,7 @@ def test_a_dead_child_s_tasks_stay_held_until_recorded() -> None:
 
 def test_the_beat_reports_each_task_in_the_role_it_is_held_in() -> None:
     held = holding("a", "b", "u", "c")
-    a, b = held.next_unhanded(), held.next_unhanded()
-    assert a is not None and b is not None
-    held.hand(0, a)
-    held.push(0, b)
+    hand_and_push(held)
     assert roles(held) == [
         ("u", "claimer", MAIN_PID),
         ("c", "claimer", MAIN_PID),
