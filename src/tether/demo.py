@@ -34,6 +34,7 @@ from tether import (
     Tether,
     WorkflowHandle,
 )
+from tether.broker.tasks import count_status_of, database_now, find_worker_by_pid
 from tether.config import mask_url
 from tether.db.connection import resolve_database_url
 from tether.errors import TaskNotFoundError
@@ -124,9 +125,7 @@ def _batch(console: Console, count: int, worker: subprocess.Popen[bytes]) -> boo
     ids = [h.id for h in handles]
     done = _watch(console, ids, count, worker)
     elapsed = time.monotonic() - started
-    counts: dict[str, int] = {
-        r["status"]: r["n"] for r in app.broker.fetchall("count_status_of", {"ids": ids})
-    }
+    counts = app.broker.run(lambda conn: count_status_of(conn, ids))
     sample = handles[0].get(timeout=5)
     console.print(f"   first result: {sample.ok if sample.is_ok else sample.err}")
     console.print(f"   {done} of {count} finished in {elapsed:.2f}s (workers still warming up): {counts}")
@@ -160,10 +159,9 @@ def _crash(
         info = handle.info()
         seen[name] = _state(info)
         console.print(f"   before the kill: {name:12s} {seen[name]}")
-    killed_at = app.broker.fetchone("database_now")
+    killed_at = app.broker.run(database_now)
     os.killpg(a.pid, signal.SIGKILL)
     a.wait()
-    assert killed_at is not None
     console.print("5. Recovery, as the database sees it (times from the kill):")
     deadline = time.monotonic() + 30
     finished = False
@@ -175,7 +173,7 @@ def _crash(
             state = _state(info)
             if seen.get(name) != state:
                 seen[name] = state
-                after = (info.updated_at - killed_at["now"]).total_seconds()
+                after = (info.updated_at - killed_at).total_seconds()
                 console.print(f"   +{after:5.2f}s  {name:12s} {state}{_why(info)}")
         time.sleep(0.05)
     render_result = tasks["demo.render"].get(timeout=1)
@@ -273,9 +271,9 @@ def _wait_for_worker(worker: subprocess.Popen[bytes], timeout: float) -> str:
     while time.monotonic() < deadline:
         if worker.poll() is not None:
             raise DemoFailed(f"a demo worker exited early with code {worker.returncode}")
-        row = app.broker.fetchone("find_worker_by_pid", {"pid": worker.pid, "hostname": hostname})
-        if row:
-            return str(row["id"])
+        worker_id = app.broker.run(lambda conn: find_worker_by_pid(conn, pid=worker.pid, hostname=hostname))
+        if worker_id is not None:
+            return worker_id
         time.sleep(0.1)
     raise DemoFailed(f"a demo worker did not register within {timeout:.0f}s")
 
@@ -287,8 +285,8 @@ def _watch(console: Console, ids: list[UUID], count: int, worker: subprocess.Pop
         finished = 0
         deadline = time.monotonic() + 120
         while finished < count and time.monotonic() < deadline and worker.poll() is None:
-            rows = app.broker.fetchall("count_status_of", {"ids": ids})
-            finished = sum(r["n"] for r in rows if r["status"] in ("COMPLETED", "FAILED"))
+            counts = app.broker.run(lambda conn: count_status_of(conn, ids))
+            finished = counts.get("COMPLETED", 0) + counts.get("FAILED", 0)
             progress.update(bar, completed=finished)
             time.sleep(0.1)
     return finished

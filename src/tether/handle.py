@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tether.broker import tasks
+from tether.broker.tasks import AttemptInfo as AttemptInfo  # public as tether.AttemptInfo
 from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
 from tether.offload import in_thread
@@ -18,20 +20,6 @@ if TYPE_CHECKING:
     from tether.app import Tether
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptInfo:
-    attempt: int
-    worker_id: str | None
-    hostname: str | None
-    pid: int | None
-    started_at: datetime | None
-    finished_at: datetime
-    outcome: str
-    will_retry: bool
-    error_code: str | None
-    error_message: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,22 +89,16 @@ class TaskHandle(Generic[T]):
     # -- reading -------------------------------------------------------------
 
     def status(self) -> TaskStatus:
-        row = self.app.broker.fetchone("get_status", {"id": self.id})
-        if row is None:
-            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
-        return TaskStatus(row["status"])
+        return _status(self.id, self._get_status())
 
     async def status_async(self) -> TaskStatus:
-        row = await in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
-        if row is None:
-            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
-        return TaskStatus(row["status"])
+        return _status(self.id, await in_thread(self._get_status))
 
     def info(self) -> TaskInfo:
-        row = self.app.broker.fetchone("get_task", {"id": self.id})
+        row = self.app.broker.run(lambda conn: tasks.get_task(conn, self.id))
         if row is None:
-            raise TaskNotFoundError(f"no task with id {self.id} (never sent, or pruned by retention)")
-        attempts = self.app.broker.fetchall("get_attempts", {"id": self.id})
+            raise _not_found(self.id)
+        attempts = self.app.broker.run(lambda conn: tasks.get_attempts(conn, self.id))
         return _info(row, attempts)
 
     def cancel(self) -> bool:
@@ -125,11 +107,11 @@ class TaskHandle(Generic[T]):
         A workflow step cancelled this way ends CANCELLED in its workflow, which
         then treats it as a step that did not complete (its on_error applies).
         """
-        rows = self.app.broker.fetchall("cancel_task", {"id": self.id})
-        if rows and rows[0]["workflow_id"] is not None:
-            workflow_id = rows[0]["workflow_id"]
+        cancelled = self.app.broker.run(lambda conn: tasks.cancel_task(conn, self.id))
+        if cancelled is not None and cancelled.workflow_id is not None:
+            workflow_id = cancelled.workflow_id
             self.app.broker.run(lambda conn: engine.advance(conn, workflow_id, [self.id]))
-        return bool(rows)
+        return cancelled is not None
 
     async def cancel_async(self) -> bool:
         return await in_thread(self.cancel)
@@ -151,52 +133,68 @@ class TaskHandle(Generic[T]):
         )
         return found if found is not None else timed_out(timeout)
 
+    def _get_status(self) -> tasks.TaskState | None:
+        return self.app.broker.run(lambda conn: tasks.get_status(conn, self.id))
+
+    def _watch_status(self) -> tasks.TaskState | None:
+        return self.app.broker.run(lambda conn: tasks.watch_task(conn, self.id))
+
     def _watch(self) -> TaskResult[T, TaskError] | None:
-        return _result_or_missing(self.id, self.app.broker.fetchone("watch_task", {"id": self.id}))
+        return _result_or_missing(self.id, self._watch_status())
 
     async def _watch_async(self) -> TaskResult[T, TaskError] | None:
-        row = await in_thread(self.app.broker.fetchone, "watch_task", {"id": self.id})
-        return _result_or_missing(self.id, row)
+        return _result_or_missing(self.id, await in_thread(self._watch_status))
 
     def _read(self) -> TaskResult[T, TaskError] | None:
-        return _result_or_missing(self.id, self.app.broker.fetchone("get_status", {"id": self.id}))
+        return _result_or_missing(self.id, self._get_status())
 
     async def _read_async(self) -> TaskResult[T, TaskError] | None:
-        row = await in_thread(self.app.broker.fetchone, "get_status", {"id": self.id})
-        return _result_or_missing(self.id, row)
+        return _result_or_missing(self.id, await in_thread(self._get_status))
 
 
-def _result_or_missing(task_id: uuid.UUID, row: dict[str, Any] | None) -> TaskResult[Any, TaskError] | None:
-    if row is None:
+def _not_found(task_id: uuid.UUID) -> TaskNotFoundError:
+    return TaskNotFoundError(f"no task with id {task_id} (never sent, or pruned by retention)")
+
+
+def _status(task_id: uuid.UUID, state: tasks.TaskState | None) -> TaskStatus:
+    if state is None:
+        raise _not_found(task_id)
+    return TaskStatus(state.status)
+
+
+def _result_or_missing(
+    task_id: uuid.UUID, state: tasks.TaskState | None
+) -> TaskResult[Any, TaskError] | None:
+    if state is None:
         return TaskResult(err=TaskError(ErrorCode.TASK_NOT_FOUND, f"no task with id {task_id}"))
-    return result_from_row(row["status"], row["result"])
+    return result_from_row(state.status, state.result)
 
 
-def _info(row: dict[str, Any], attempts: list[dict[str, Any]]) -> TaskInfo:
+def _info(row: tasks.TaskRow, attempts: list[AttemptInfo]) -> TaskInfo:
     return TaskInfo(
-        id=row["id"],
-        name=row["name"],
-        queue=row["queue"],
-        priority=row["priority"],
-        status=TaskStatus(row["status"]),
-        attempt=row["attempt"],
-        retry_count=row["retry_count"],
-        max_retries=row["max_retries"],
-        error_code=row["error_code"],
-        claimed_by_worker_id=row["claimed_by_worker_id"],
-        good_until=row["good_until"],
-        sent_at=row["sent_at"],
-        enqueued_at=row["enqueued_at"],
-        claimed_at=row["claimed_at"],
-        started_at=row["started_at"],
-        completed_at=row["completed_at"],
-        failed_at=row["failed_at"],
-        cancelled_at=row["cancelled_at"],
-        expired_at=row["expired_at"],
-        next_retry_at=row["next_retry_at"],
-        updated_at=row["updated_at"],
-        progress=row["progress"],
-        progress_at=row["progress_at"],
-        result=result_from_row(row["status"], row["result"]),
-        attempts=tuple(AttemptInfo(**a) for a in attempts),
+        id=row.id,
+        name=row.name,
+        queue=row.queue,
+        priority=row.priority,
+        status=TaskStatus(row.status),
+        attempt=row.attempt,
+        retry_count=row.retry_count,
+        max_retries=row.max_retries,
+        error_code=row.error_code,
+        claimed_by_worker_id=row.claimed_by_worker_id,
+        good_until=row.good_until,
+        sent_at=row.sent_at,
+        enqueued_at=row.enqueued_at,
+        claimed_at=row.claimed_at,
+        started_at=row.started_at,
+        completed_at=row.completed_at,
+        failed_at=row.failed_at,
+        cancelled_at=row.cancelled_at,
+        expired_at=row.expired_at,
+        next_retry_at=row.next_retry_at,
+        updated_at=row.updated_at,
+        progress=row.progress,
+        progress_at=row.progress_at,
+        result=result_from_row(row.status, row.result),
+        attempts=tuple(attempts),
     )

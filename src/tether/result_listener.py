@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from tether.broker import notifications
+from tether.broker.types import DatabaseError
 
 if TYPE_CHECKING:
     from tether.broker import PostgresBroker
@@ -77,7 +76,7 @@ class ResultListener:
                                 self._thread = None
                                 self.listening.clear()
                                 return
-            except (psycopg.Error, OSError, ConnectionError) as exc:
+            except (DatabaseError, OSError, ConnectionError) as exc:
                 self.listening.clear()
                 log.warning("result listener lost its connection (%s); retrying in %.1fs", exc, backoff)
                 time.sleep(backoff)

@@ -12,12 +12,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from uuid import UUID
 
-import psycopg
 from typing_extensions import Unpack
 
 from tether import codec
-from tether.broker.queries import q
+from tether.broker import tasks
+from tether.broker.tasks import SendSpec
+from tether.broker.types import Conn
 from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
@@ -165,31 +167,29 @@ class BoundTask:
         self.task = task
         self.options = options
 
-    def _params(
-        self, task_id: Any, args_json: str, kwargs_json: str, delay: timedelta, good_until: datetime | None
-    ) -> dict[str, Any]:
+    def _spec(self, delay: timedelta, good_until: datetime | None) -> SendSpec:
         t, o = self.task, self.options
-        return {
-            "id": task_id,
-            "name": t.name,
-            "queue": o.queue,
-            "priority": o.priority,
-            "args": args_json,
-            "kwargs": kwargs_json,
-            "max_retries": t.retry_policy.max_retries if t.retry_policy else 0,
-            "retry_policy": t._retry_json,
-            "good_until": good_until,
-            "delay": delay,
-            "durable": t.app.config.broker.durable_sends if o.durable is None else o.durable,
-        }
+        return SendSpec(
+            t.name,
+            o.queue,
+            o.priority,
+            t.retry_policy.max_retries if t.retry_policy else 0,
+            t._retry_json,
+            good_until,
+            delay,
+            t.app.config.broker.durable_sends if o.durable is None else o.durable,
+        )
 
     def _prepare(
         self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> tuple[UUID, Callable[[Conn], None]]:
+        """The new task's id, and its insert to run (everything checked and encoded)."""
         good_until = kwargs.pop("good_until", None)
         good_until = check_good_until(good_until) if good_until is not None else self.options.good_until
         args_json, kwargs_json = self.task.encode_arguments(args, kwargs)
-        return self._params(new_task_id(), args_json, kwargs_json, check_delay(delay), good_until)
+        spec = self._spec(check_delay(delay), good_until)
+        task_id = new_task_id()
+        return task_id, lambda conn: tasks.insert_task(conn, spec, task_id, args_json, kwargs_json)
 
     def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return self.schedule(timedelta(0), *args, **kwargs)
@@ -206,18 +206,19 @@ class BoundTask:
         return await self.schedule_async(timedelta(0), *args, **kwargs)
 
     def schedule(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        params = self._prepare(delay, args, kwargs)
-        self.task.app.broker.fetchall("insert_task", params)
-        return TaskHandle(self.task.app, params["id"], self.task.name)
+        task_id, insert = self._prepare(delay, args, kwargs)
+        self._insert(insert)
+        return TaskHandle(self.task.app, task_id, self.task.name)
 
     async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        params = self._prepare(delay, args, kwargs)
-        await in_thread(self.task.app.broker.fetchall, "insert_task", params)
-        return TaskHandle(self.task.app, params["id"], self.task.name)
+        task_id, insert = self._prepare(delay, args, kwargs)
+        await in_thread(self._insert, insert)
+        return TaskHandle(self.task.app, task_id, self.task.name)
 
     def _prepare_many(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
-    ) -> tuple[list[dict[str, Any]], list[Any]]:
+    ) -> tuple[list[UUID], Callable[[Conn], None]]:
+        """The new tasks' ids, and their insert to run (everything checked and encoded)."""
         good_until = common.pop("good_until", None)
         good_until = check_good_until(good_until) if good_until is not None else self.options.good_until
         args_list: list[str] = []
@@ -239,43 +240,28 @@ class BoundTask:
             args_list.append(a)
             kwargs_list.append(k)
         ids = new_task_ids(len(args_list))
-        base = self._params(None, "", "", timedelta(0), good_until)
-        chunks = []
-        for start in range(0, len(ids), SEND_MANY_CHUNK):
-            end = start + SEND_MANY_CHUNK
-            chunks.append(
-                {
-                    **base,
-                    "ids": ",".join(map(str, ids[start:end])),
-                    "args": "[" + ",".join(args_list[start:end]) + "]",
-                    "kwargs": "[" + ",".join(kwargs_list[start:end]) + "]",
-                }
-            )
-        return chunks, ids
+        spec = self._spec(timedelta(0), good_until)
+        chunk = SEND_MANY_CHUNK
+        return ids, lambda conn: tasks.insert_tasks(conn, spec, ids, args_list, kwargs_list, chunk=chunk)
 
     def send_many(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
     ) -> list[TaskHandle[Any]]:
         """Enqueue many in one transaction (one statement per 20,000): all or none."""
-        chunks, ids = self._prepare_many(items, common)
-        self._insert_many(chunks)
+        ids, insert = self._prepare_many(items, common)
+        if ids:
+            self._insert(insert)
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
 
     async def send_many_async(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], **common: Any
     ) -> list[TaskHandle[Any]]:
-        chunks, ids = self._prepare_many(items, common)
-        await in_thread(self._insert_many, chunks)
+        ids, insert = self._prepare_many(items, common)
+        if ids:
+            await in_thread(self._insert, insert)
         return [TaskHandle(self.task.app, i, self.task.name) for i in ids]
 
-    def _insert_many(self, chunks: list[dict[str, Any]]) -> None:
-        if not chunks:
-            return
-        statement = q("insert_tasks")
-
-        def insert_all(conn: psycopg.Connection[Any]) -> None:
-            with conn.transaction():
-                for params in chunks:
-                    conn.execute(statement, params)
-
-        self.task.app.broker.run(insert_all, idempotent_insert=True)
+    def _insert(self, insert: Callable[[Conn], None]) -> None:
+        # An insert whose commit got through just before its connection broke meets its own
+        # row when run() repeats it on another: taken as done (the ids are the client's).
+        self.task.app.broker.run(insert, idempotent_insert=True)

@@ -19,7 +19,6 @@ import pytest
 from tests.apps.support import connect
 from tests.conftest import WorkerFactory
 from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
-from tether.broker.queries import q
 
 SENDS = 100
 
@@ -122,11 +121,11 @@ def test_a_durable_send_keeps_the_sessions_own_setting(
         for durable, expected in ((True, "local"), (False, "off")):
             bound = add.with_options(durable=durable)
             if statement == "insert_task":
-                params = bound._prepare(timedelta(0), (1, 2), {})
+                _, insert = bound._prepare(timedelta(0), (1, 2), {})
             else:
-                [params], _ = bound._prepare_many([(1, 2)], {})
+                _, insert = bound._prepare_many([(1, 2)], {})
             with conn.transaction(force_rollback=True):
-                conn.execute(q(statement), params).fetchall()
+                insert(conn)
                 row = conn.execute("SHOW synchronous_commit").fetchone()
             assert row is not None and row["synchronous_commit"] == expected, (durable, row)
 

@@ -19,6 +19,7 @@ import tether.task
 from tests.apps.support import count_tasks, task_row
 from tests.conftest import REPO, WorkerFactory, WorkerProcess
 from tether import ErrorCode, TaskHandle, TaskStatus
+from tether.broker.tasks import count_status_of
 from tether.errors import TaskNotFoundError
 
 APP = "tests.apps.basic:app"
@@ -149,8 +150,7 @@ def test_an_unknown_id(basic: ModuleType) -> None:
 
 
 def count_tasks_of(basic: ModuleType, handle: TaskHandle[Any]) -> int:
-    rows = basic.app.broker.fetchall("count_status_of", {"ids": [handle.id]})
-    return sum(r["n"] for r in rows)
+    return sum(basic.app.broker.run(lambda conn: count_status_of(conn, [handle.id])).values())
 
 
 def test_twenty_threads_each_waiting_for_its_own_task(basic: ModuleType, workers: WorkerFactory) -> None:

@@ -122,8 +122,8 @@ def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
     worker_id = fake_worker(db, ["default"])
     with connect(database_url) as sender, connect(database_url) as registrar:
         sender.execute("BEGIN")
-        params = basic.noop.with_options()._prepare(timedelta(0), (), {})
-        sender.execute(q("insert_task"), params).fetchall()  # no waiter yet: no notification
+        task_id, insert = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        insert(sender)  # no waiter yet: no notification
         thread = threading.Thread(target=register, args=(registrar, worker_id, ["default"]))
         thread.start()
         try:
@@ -140,7 +140,7 @@ def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
             q("claim_tasks"),
             {"queues": ["default"], "limit": 10, "worker_id": worker_id, "skip_names": []},
         ).fetchall()
-    assert [r["id"] for r in claimed] == [params["id"]]
+    assert [r["id"] for r in claimed] == [task_id]
 
 
 def test_a_registration_in_flight_makes_a_send_wait_and_then_notify(
@@ -152,8 +152,8 @@ def test_a_registration_in_flight_makes_a_send_wait_and_then_notify(
         registrar.execute("BEGIN")
         registrar.execute(q("lock_queues_for_waiting"), {"queues": ["default"]})
         registrar.execute(q("register_waiting"), {"worker_id": worker_id, "queues": ["default"]})
-        params = basic.noop.with_options()._prepare(timedelta(0), (), {})
-        thread = threading.Thread(target=lambda: sender.execute(q("insert_task"), params).fetchall())
+        _, insert = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        thread = threading.Thread(target=insert, args=(sender,))
         thread.start()
         try:
             wait_until(

@@ -18,14 +18,17 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.broker import recovery
+from tether.broker import recovery, tasks, workers
 from tether.broker.queries import q
+from tether.broker.tasks import Failure, QueueCount
+from tether.broker.workers import WorkerSummary
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
@@ -34,6 +37,17 @@ log = logging.getLogger("tether.broker")
 
 Row = dict[str, Any]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSnapshot:
+    """What `tether status` and the dashboard show; ``dataclasses.asdict`` gives their JSON."""
+
+    counts: list[QueueCount]
+    workers: list[WorkerSummary]
+    stale_tasks: list[Row]  # RUNNING, no runner heartbeat past the threshold (recovery.stale_tasks)
+    running_stale_threshold_s: float
+    recent_failures: list[Failure] | None  # None unless asked for
 
 
 class PostgresBroker:
@@ -160,17 +174,15 @@ class PostgresBroker:
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.
 
-    def status_snapshot(self, running_stale_threshold_ms: int, *, failures: int = 0) -> dict[str, Any]:
+    def status_snapshot(self, running_stale_threshold_ms: int, *, failures: int = 0) -> StatusSnapshot:
         """What `tether status` shows (and the dashboard, with the latest ``failures`` failures)."""
-        snapshot: dict[str, Any] = {
-            "counts": self.fetchall("count_by_queue_status"),
-            "workers": self.fetchall("list_workers", {"all": False, "limit": 100}),
-            "stale_tasks": self.get_stale_tasks_sync(running_stale_threshold_ms / 60_000),
-            "running_stale_threshold_s": running_stale_threshold_ms / 1000,
-        }
-        if failures:
-            snapshot["recent_failures"] = self.fetchall("recent_failures", {"limit": failures})
-        return snapshot
+        return StatusSnapshot(
+            counts=self.run(tasks.count_by_queue_status),
+            workers=self.run(lambda c: workers.list_workers(c, include_inactive=False, limit=100)),
+            stale_tasks=self.get_stale_tasks_sync(running_stale_threshold_ms / 60_000),
+            running_stale_threshold_s=running_stale_threshold_ms / 1000,
+            recent_failures=self.run(lambda c: tasks.recent_failures(c, failures)) if failures else None,
+        )
 
     def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
         """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""

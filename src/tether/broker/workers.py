@@ -34,6 +34,23 @@ class Sibling:
     status: str
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerSummary:
+    """A row of `tether workers` (claimed and running: the tasks it holds in each status now)."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str]
+    processes: int
+    status: str
+    started_at: datetime
+    last_heartbeat_at: datetime
+    heartbeat_age_s: float
+    claimed: int
+    running: int
+
+
 async def register_worker(conn: AsyncConn, me: Registration) -> None:
     await conn.execute(
         q("register_worker"),
@@ -67,3 +84,9 @@ def workers_on_host(conn: Conn, *, hostname: str, host_key: str, me: str) -> lis
     """Other workers of this host that are active, or inactive and still own in-flight tasks."""
     rows = conn.execute(q("workers_on_host"), {"hostname": hostname, "host_key": host_key, "me": me})
     return [Sibling(r["id"], r["pid"], r["process_started_at"], r["status"]) for r in rows.fetchall()]
+
+
+def list_workers(conn: Conn, *, include_inactive: bool, limit: int) -> list[WorkerSummary]:
+    """Active workers (all of them with ``include_inactive``), active first, newest first."""
+    rows = conn.execute(q("list_workers"), {"all": include_inactive, "limit": limit}).fetchall()
+    return [WorkerSummary(**row) for row in rows]

@@ -8,6 +8,7 @@ that tests close) applies to every command.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tether.broker import PostgresBroker
+from tether.broker.workers import WorkerSummary
 from tether.config import AppConfig, PostgresConfig
 
 console = Console()
@@ -76,7 +78,14 @@ def open_broker(database_url: str | None, app_path: str | None = None) -> Postgr
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, default=str, indent=2))
+    """``data`` as indented JSON: a broker row as its fields (dataclasses.asdict), the rest by str()."""
+    click.echo(json.dumps(data, default=_plain, indent=2))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
@@ -98,20 +107,20 @@ def ts(value: Any) -> str:
     return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def workers_table(workers: list[dict[str, Any]]) -> Table:
+def workers_table(workers: list[WorkerSummary]) -> Table:
     """Workers with their heartbeat age (tether status and tether workers)."""
     return table(
         "Workers",
         ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"],
         [
             [
-                w["id"],
-                w["status"],
-                ",".join(w["queues"]),
-                w["processes"],
-                w["claimed"],
-                w["running"],
-                f"{float(w['heartbeat_age_s']):.1f}s",
+                w.id,
+                w.status,
+                ",".join(w.queues),
+                w.processes,
+                w.claimed,
+                w.running,
+                f"{w.heartbeat_age_s:.1f}s",
             ]
             for w in workers
         ],

@@ -16,14 +16,14 @@ def status(database_url: str | None, as_json: bool, app_path: str | None) -> Non
     """Counts per queue and status, workers with heartbeat age, stale tasks."""
     rc = common.load_config(database_url, app_path).recovery
     snapshot = common.open_broker(database_url, app_path).status_snapshot(rc.running_stale_threshold_ms)
-    counts, workers, stale = snapshot["counts"], snapshot["workers"], snapshot["stale_tasks"]
+    counts, workers, stale = snapshot.counts, snapshot.workers, snapshot.stale_tasks
     if as_json:
         common.emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})
         return
     statuses = [s.value for s in TaskStatus]
     per_queue: dict[str, dict[str, int]] = {}
-    for row in counts:
-        per_queue.setdefault(row["queue"], {})[row["status"]] = row["n"]
+    for count in counts:
+        per_queue.setdefault(count.queue, {})[count.status] = count.n
     common.console.print(
         common.table(
             "Tasks",
@@ -34,8 +34,7 @@ def status(database_url: str | None, as_json: bool, app_path: str | None) -> Non
     common.console.print(common.workers_table(workers))
     common.console.print(
         common.table(
-            f"Stale tasks (RUNNING, no runner heartbeat for over "
-            f"{snapshot['running_stale_threshold_s']:.0f}s)",
+            f"Stale tasks (RUNNING, no runner heartbeat for over {snapshot.running_stale_threshold_s:.0f}s)",
             ["task", "name", "worker", "host", "worker status", "silent"],
             [
                 [

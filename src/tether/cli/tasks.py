@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 from rich.table import Table
 
+from tether.broker.tasks import get_attempts, get_heartbeats, get_task, list_tasks
 from tether.cli import common
 from tether.ids import parse_task_id
 from tether.result import TaskStatus
@@ -54,14 +57,9 @@ def tasks(
     limit: int,
 ) -> None:
     """Recent tasks, newest first, filtered by status, queue or name."""
-    rows = common.open_broker(database_url).fetchall(
-        "list_tasks",
-        {
-            "status": status_.upper() if status_ else None,
-            "queue": queue,
-            "name": name,
-            "limit": limit,
-        },
+    status = status_.upper() if status_ else None
+    rows = common.open_broker(database_url).run(
+        lambda conn: list_tasks(conn, status=status, queue=queue, name=name, limit=limit)
     )
     if as_json:
         common.emit_json(rows)
@@ -72,14 +70,14 @@ def tasks(
             ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"],
             [
                 [
-                    r["id"],
-                    r["name"],
-                    r["queue"],
-                    r["status"],
-                    r["attempt"],
-                    r["error_code"],
-                    common.ts(r["sent_at"]),
-                    common.ts(r["finished_at"]),
+                    r.id,
+                    r.name,
+                    r.queue,
+                    r.status,
+                    r.attempt,
+                    r.error_code,
+                    common.ts(r.sent_at),
+                    common.ts(r.finished_at),
                 ]
                 for r in rows
             ],
@@ -95,17 +93,18 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     """One task with its attempts."""
     broker = common.open_broker(database_url)
     tid = parse_task_id(task_id)
-    row = broker.fetchone("get_task", {"id": tid})
+    row = broker.run(lambda conn: get_task(conn, tid))
     if row is None:
         raise click.ClickException(f"no task with id {tid}")
-    attempts = broker.fetchall("get_attempts", {"id": tid})
-    beats = broker.fetchall("get_heartbeats", {"id": tid, "limit": 10})
+    attempts = broker.run(lambda conn: get_attempts(conn, tid))
+    beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
     if as_json:
-        common.emit_json({**row, "attempts": attempts, "heartbeats": beats})
+        common.emit_json({**dataclasses.asdict(row), "attempts": attempts, "heartbeats": beats})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
     for key in TASK_FIELDS:
-        fields.add_row(key, "" if row[key] is None else str(row[key]))
+        value = getattr(row, key)
+        fields.add_row(key, "" if value is None else str(value))
     common.console.print(fields)
     common.console.print(
         common.table(
@@ -113,13 +112,13 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
             ["#", "worker", "started", "finished", "outcome", "retry", "error"],
             [
                 [
-                    a["attempt"],
-                    a["worker_id"],
-                    common.ts(a["started_at"]),
-                    common.ts(a["finished_at"]),
-                    a["outcome"],
-                    "yes" if a["will_retry"] else "",
-                    a["error_code"],
+                    a.attempt,
+                    a.worker_id,
+                    common.ts(a.started_at),
+                    common.ts(a.finished_at),
+                    a.outcome,
+                    "yes" if a.will_retry else "",
+                    a.error_code,
                 ]
                 for a in attempts
             ],
@@ -129,6 +128,6 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
         common.table(
             "Latest heartbeats",
             ["role", "sender", "host", "pid", "sent"],
-            [[b["role"], b["sender_id"], b["hostname"], b["pid"], common.ts(b["sent_at"])] for b in beats],
+            [[b.role, b.sender_id, b.hostname, b.pid, common.ts(b.sent_at)] for b in beats],
         )
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from tether.broker.workers import list_workers
 from tether.cli import common
 from tether.config import WorkerConfig
 
@@ -48,7 +49,9 @@ def worker(
 @click.option("--all", "show_all", is_flag=True, help="Include stopped and inactive workers.")
 def workers(database_url: str | None, as_json: bool, show_all: bool) -> None:
     """Workers with their heartbeat age."""
-    rows = common.open_broker(database_url).fetchall("list_workers", {"all": show_all, "limit": 500})
+    rows = common.open_broker(database_url).run(
+        lambda conn: list_workers(conn, include_inactive=show_all, limit=500)
+    )
     if as_json:
         common.emit_json(rows)
     else:

@@ -10,6 +10,7 @@ task names, errors and hostnames are not for everyone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -51,8 +52,8 @@ class DashboardServer(ThreadingHTTPServer):
             snapshot = self.broker.status_snapshot(
                 self.recovery.running_stale_threshold_ms, failures=RECENT_FAILURES
             )
-            snapshot["generated_at"] = datetime.now(UTC)
-            body = json.dumps(snapshot, default=str).encode()
+            shown = {**dataclasses.asdict(snapshot), "generated_at": datetime.now(UTC)}
+            body = json.dumps(shown, default=str).encode()
             self._cached = (time.monotonic(), body)
             return body
 

@@ -1,0 +1,284 @@
+"""Producer-side task statements (tasks.sql): send, read, wait, cancel; listings and counts.
+
+Rows come back as frozen dataclasses whose fields are the statement's columns, in its
+order: ``dataclasses.asdict`` of one is what the CLI and the dashboard print as JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from tether.broker.queries import q
+from tether.broker.types import Conn
+
+# -- sending ----------------------------------------------------------------
+
+
+# Not frozen: send() builds one per call on its hot path, and a frozen dataclass's
+# __init__ costs ~1.5 us more (object.__setattr__ per field) than a plain one.
+@dataclass(slots=True)
+class SendSpec:
+    """What every task of one send shares: its name and options (retry_policy as JSON text)."""
+
+    name: str
+    queue: str
+    priority: int
+    max_retries: int
+    retry_policy: str | None
+    good_until: datetime | None
+    delay: timedelta
+    durable: bool  # False: the commit does not wait for its WAL flush
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_retries": self.max_retries,
+            "retry_policy": self.retry_policy,
+            "good_until": self.good_until,
+            "delay": self.delay,
+            "durable": self.durable,
+        }
+
+
+def insert_task(conn: Conn, spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> None:
+    """Insert one PENDING task (args and kwargs as JSON text), NOTIFYing if a worker needs telling."""
+    # The send path: one dict, built in one go.
+    params = {
+        "id": task_id,
+        "name": spec.name,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "args": args,
+        "kwargs": kwargs,
+        "max_retries": spec.max_retries,
+        "retry_policy": spec.retry_policy,
+        "good_until": spec.good_until,
+        "delay": spec.delay,
+        "durable": spec.durable,
+    }
+    conn.execute(q("insert_task"), params)
+
+
+def insert_tasks(
+    conn: Conn, spec: SendSpec, ids: Sequence[UUID], args: Sequence[str], kwargs: Sequence[str], *, chunk: int
+) -> None:
+    """Insert tasks in one transaction, one statement per ``chunk`` of them: all or none.
+
+    ``args[i]`` and ``kwargs[i]`` are task ``ids[i]``'s, as JSON text.
+    """
+    statement = q("insert_tasks")
+    base = spec.params()
+    with conn.transaction():
+        for start in range(0, len(ids), chunk):
+            end = start + chunk
+            params = {
+                **base,
+                "ids": ",".join(map(str, ids[start:end])),
+                "args": "[" + ",".join(args[start:end]) + "]",
+                "kwargs": "[" + ",".join(kwargs[start:end]) + "]",
+            }
+            conn.execute(statement, params)
+
+
+# -- reading one task -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A task's row (args, kwargs, result, retry_policy and progress as parsed JSON)."""
+
+    id: UUID
+    name: str
+    queue: str
+    priority: int
+    status: str
+    args: Any
+    kwargs: Any
+    result: Any
+    error_code: str | None
+    attempt: int
+    retry_count: int
+    max_retries: int
+    retry_policy: Any
+    good_until: datetime | None
+    run_at: datetime
+    sent_at: datetime
+    enqueued_at: datetime
+    claimed_at: datetime | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancelled_at: datetime | None
+    expired_at: datetime | None
+    next_retry_at: datetime | None
+    updated_at: datetime
+    claimed_by_worker_id: str | None
+    progress: Any
+    progress_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """A task's status and its stored result (parsed JSON; None until it has one)."""
+
+    status: str
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One finished attempt of a task (tether_task_attempts). Public as ``tether.AttemptInfo``."""
+
+    attempt: int
+    worker_id: str | None
+    hostname: str | None
+    pid: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: str
+    will_retry: bool
+    error_code: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    role: str
+    sender_id: str
+    hostname: str
+    pid: int
+    sent_at: datetime
+
+
+def get_task(conn: Conn, task_id: UUID) -> TaskRow | None:
+    row = conn.execute(q("get_task"), {"id": task_id}).fetchone()
+    return None if row is None else TaskRow(**row)
+
+
+def get_status(conn: Conn, task_id: UUID) -> TaskState | None:
+    row = conn.execute(q("get_status"), {"id": task_id}).fetchone()
+    return None if row is None else TaskState(row["status"], row["result"])
+
+
+def watch_task(conn: Conn, task_id: UUID) -> TaskState | None:
+    """As get_status, and ask for a 'tether_done' notification when the task finishes."""
+    row = conn.execute(q("watch_task"), {"id": task_id}).fetchone()
+    return None if row is None else TaskState(row["status"], row["result"])
+
+
+def get_attempts(conn: Conn, task_id: UUID) -> list[AttemptInfo]:
+    """The task's finished attempts, first first."""
+    return [AttemptInfo(**row) for row in conn.execute(q("get_attempts"), {"id": task_id}).fetchall()]
+
+
+def get_heartbeats(conn: Conn, task_id: UUID, limit: int) -> list[Heartbeat]:
+    """The task's latest ``limit`` heartbeats (either role), newest first."""
+    rows = conn.execute(q("get_heartbeats"), {"id": task_id, "limit": limit}).fetchall()
+    return [Heartbeat(**row) for row in rows]
+
+
+# -- cancelling -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A task this call cancelled; ``workflow_id`` is set when it is a workflow step."""
+
+    task_id: UUID
+    workflow_id: UUID | None
+
+
+def cancel_task(conn: Conn, task_id: UUID) -> Cancelled | None:
+    """PENDING or CLAIMED -> CANCELLED (no code ran); None if the task was in no such state."""
+    row = conn.execute(q("cancel_task"), {"id": task_id}).fetchone()
+    return None if row is None else Cancelled(row["id"], row["workflow_id"])
+
+
+# -- listings and counts ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """A row of `tether tasks`."""
+
+    id: UUID
+    name: str
+    queue: str
+    priority: int
+    status: str
+    attempt: int
+    retry_count: int
+    error_code: str | None
+    sent_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    claimed_by_worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A FAILED task, for the dashboard (its error message cut to 300 characters)."""
+
+    id: UUID
+    name: str
+    queue: str
+    attempt: int
+    retry_count: int
+    error_code: str | None
+    error_message: str | None
+    failed_at: datetime | None
+    claimed_by_worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCount:
+    queue: str
+    status: str
+    n: int
+
+
+def list_tasks(
+    conn: Conn, *, status: str | None = None, queue: str | None = None, name: str | None = None, limit: int
+) -> list[TaskSummary]:
+    """Tasks newest first, filtered by whichever of status, queue and name are given."""
+    params = {"status": status, "queue": queue, "name": name, "limit": limit}
+    return [TaskSummary(**row) for row in conn.execute(q("list_tasks"), params).fetchall()]
+
+
+def recent_failures(conn: Conn, limit: int) -> list[Failure]:
+    """The latest ``limit`` FAILED tasks, newest first."""
+    return [Failure(**row) for row in conn.execute(q("recent_failures"), {"limit": limit}).fetchall()]
+
+
+def count_by_queue_status(conn: Conn) -> list[QueueCount]:
+    """How many tasks each queue has in each status (ordered by queue, then status)."""
+    return [QueueCount(**row) for row in conn.execute(q("count_by_queue_status")).fetchall()]
+
+
+def count_status_of(conn: Conn, task_ids: Sequence[UUID]) -> dict[str, int]:
+    """How many of these tasks are in each status (statuses none is in are absent)."""
+    rows = conn.execute(q("count_status_of"), {"ids": list(task_ids)}).fetchall()
+    return {row["status"]: row["n"] for row in rows}
+
+
+# -- the demo's questions -----------------------------------------------------
+
+
+def find_worker_by_pid(conn: Conn, *, pid: int, hostname: str) -> str | None:
+    """The id of the latest active worker registered with this pid on this host."""
+    row = conn.execute(q("find_worker_by_pid"), {"pid": pid, "hostname": hostname}).fetchone()
+    return None if row is None else str(row["id"])
+
+
+def database_now(conn: Conn) -> datetime:
+    """The database's clock (its transaction's now())."""
+    row = conn.execute(q("database_now")).fetchone()
+    assert row is not None  # SELECT now() always has one row
+    now: datetime = row["now"]
+    return now
