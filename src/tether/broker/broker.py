@@ -1,4 +1,4 @@
-"""PostgresBroker: the app's door to the database (pools, schema check, named statements).
+"""PostgresBroker: the app's door to the database (pools, schema check, run(work) with retry).
 
 One sync pool serves every caller; async APIs run it in a thread. (psycopg's
 async pool belongs to one event loop, and one left behind by a finished loop
@@ -26,7 +26,6 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.broker import recovery, tasks, workers
-from tether.broker.queries import q
 from tether.broker.tasks import Failure, QueueCount
 from tether.broker.workers import WorkerSummary
 from tether.config import PostgresConfig
@@ -112,7 +111,7 @@ class PostgresBroker:
                     _open_brokers.add(self)
         return self._pool
 
-    # -- running named statements -------------------------------------------
+    # -- running work on a pooled connection ---------------------------------
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Row]]:
@@ -156,20 +155,6 @@ class PostgresBroker:
             except psycopg.OperationalError as exc:
                 raise unreachable(self.url, exc) from exc
         raise unreachable(self.url, RuntimeError("every pooled connection was dead"))
-
-    def fetchall(self, name: str, params: dict[str, Any] | None = None) -> list[Row]:
-        statement = q(name)
-        return self.run(
-            lambda c: c.execute(statement, params or {}).fetchall(), idempotent_insert=name == "insert_task"
-        )
-
-    def fetchone(self, name: str, params: dict[str, Any] | None = None) -> Row | None:
-        statement = q(name)
-        return self.run(lambda c: c.execute(statement, params or {}).fetchone())
-
-    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
-        statement = q(name)
-        return self.run(lambda c: c.execute(statement, params or {}).rowcount)
 
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.
