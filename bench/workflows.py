@@ -44,6 +44,7 @@ from bench.apps import make_app
 from bench.infra import BenchDatabase, count_by_status, percentile, wait_for
 from bench.scenarios import Context, Outcome, Row
 from tether import TaskError, TaskResult, Tether
+from tether.broker.workflows import get_workflow
 from tether.workflow import engine
 
 WIDTHS = (10, 100, 1_000)
@@ -245,10 +246,10 @@ def _run(app: Tether, build: Callable[[], Any], steps: int, timeout: float) -> d
     wall = time.perf_counter() - t0
     if not result.is_ok:
         raise RuntimeError(f"workflow {workflow.name} did not complete: {result.err}")
-    info = app.broker.fetchone("get_workflow", {"id": handle.id})
-    if info is None or info["status"] != "COMPLETED" or info["steps_done"] != steps:
+    info = app.broker.run(lambda c: get_workflow(c, handle.id))
+    if info is None or info.status != "COMPLETED" or info.steps_done != steps:
         raise RuntimeError(f"workflow {workflow.name}: {info}")
-    db_span = (info["finished_at"] - info["created_at"]).total_seconds()
+    db_span = (info.finished_at - info.created_at).total_seconds()
     return {"steps": steps, "wall_s": wall, "db_s": db_span, "steps_per_s": steps / wall}
 
 

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from tether import AppConfig, TaskError, TaskResult, Tether
+from tether.broker.workflows import StepFeed
 from tether.errors import WorkflowDefinitionError
 from tether.workflow.definition import Node, Workflow
 
@@ -139,16 +140,16 @@ def test_a_valid_definition_is_recorded_as_given(t: SimpleNamespace) -> None:
     assert wf.order.index(2) < wf.order.index(3)
 
     workflow, steps = wf.rows(uuid.uuid4())
-    assert workflow["on_error"] == "pause" and workflow["steps_total"] == 4 and workflow["output_node"] == 3
-    assert [s["queue"] for s in steps] == ["default", "default", "other", "default"]
-    assert steps[2]["priority"] == 5
-    assert steps[3]["depends_on"] == [2, 1] and steps[3]["run_anyway"] is True
-    assert len({s["task_id"] for s in steps}) == 4
+    assert workflow.on_error == "pause" and workflow.steps_total == 4 and workflow.output_node == 3
+    assert [s.queue for s in steps] == ["default", "default", "other", "default"]
+    assert steps[2].priority == 5
+    assert steps[3].depends_on == [2, 1] and steps[3].run_anyway is True
+    assert len({s.task_id for s in steps}) == 4
     # edges are stored by the task ids fixed at start: the engine looks steps up by that key
-    ids = [s["task_id"] for s in steps]
-    assert [s["dependents"] for s in steps] == [[ids[1], ids[2]], [ids[3]], [ids[3]], []]
-    assert steps[1]["args_from"] == {"a": {"node": 0, "task": ids[0], "as": "value"}}
-    assert steps[3]["args_from"] == {"upstream": {"node": 1, "task": ids[1], "as": "result"}}
+    ids = [s.task_id for s in steps]
+    assert [s.dependents for s in steps] == [[ids[1], ids[2]], [ids[3]], [ids[3]], []]
+    assert steps[1].args_from == {"a": StepFeed(node=0, task=ids[0], mode="value")}
+    assert steps[3].args_from == {"upstream": StepFeed(node=1, task=ids[1], mode="result")}
 
 
 def test_output_defaults_to_none_with_several_final_nodes_and_can_be_named(t: SimpleNamespace) -> None:

@@ -107,7 +107,12 @@ class Steps:
 
     def __init__(self, workflow_status: str = "RUNNING") -> None:
         self.steps: dict[str, Step] = {}
-        self.workflow: dict[str, Any] | None = {"id": "wf", "name": "test", "status": "RUNNING"}
+        self.workflow: dict[str, Any] | None = {
+            "id": "wf",
+            "name": "test",
+            "status": "RUNNING",
+            "on_error": "fail",
+        }
         self.workflow_status = workflow_status  # what account_steps answers
         self.ended: dict[str, str] = {}  # task id -> the step status settle_steps gives it
         self.accounted: list[tuple[int, int]] = []  # (done, failed) of each account_steps

@@ -15,6 +15,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from tether.app import Tether
+from tether.broker.workflows import list_workflows
 from tether.cli import common
 from tether.errors import WorkflowNotFoundError
 from tether.ids import parse_task_id
@@ -44,25 +45,25 @@ def workflows(
     database_url: str | None, as_json: bool, status_: str | None, name: str | None, limit: int
 ) -> None:
     """Recent workflows, newest first, filtered by status or name."""
-    rows = common.open_broker(database_url).fetchall(
-        "list_workflows",
-        {"status": status_.upper() if status_ else None, "name": name, "limit": limit},
+    status = status_.upper() if status_ else None
+    rows = common.open_broker(database_url).run(
+        lambda c: list_workflows(c, status=status, name=name, limit=limit)
     )
     if as_json:
-        common.emit_json(rows)
+        common.emit_json([dataclasses.asdict(r) for r in rows])
         return
     table = common.table(
         "Workflows",
         ["id", "name", "status", "steps", "failed", "created", "finished"],
         [
             [
-                r["id"],
-                r["name"],
-                common.status_text(r["status"]),
-                f"{r['steps_done']}/{r['steps_total']}",
-                r["steps_failed"],
-                common.ts(r["created_at"]),
-                common.ts(r["finished_at"]),
+                r.id,
+                r.name,
+                common.status_text(r.status),
+                f"{r.steps_done}/{r.steps_total}",
+                r.steps_failed,
+                common.ts(r.created_at),
+                common.ts(r.finished_at),
             ]
             for r in rows
         ],

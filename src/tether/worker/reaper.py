@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 from tether.broker import recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
@@ -55,8 +56,8 @@ class Reaper:
         commit per tick (heartbeat + reaper = 2 commits per interval per worker).
         """
         conn = self._connection()
-        stuck: dict[object, list[object]] = {}
-        unfinished: list[object] = []
+        stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
+        unfinished: list[uuid.UUID] = []
         with conn.transaction():
             done = self._act(conn) if recovery.take_reaper_lock(conn) else None
             if done is not None:

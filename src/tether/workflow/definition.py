@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from tether import codec
+from tether.broker.workflows import NewStep, NewWorkflow, StepFeed
 from tether.errors import SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
 from tether.options import SendOptions
@@ -260,43 +261,43 @@ class Workflow:
 
     # -- starting ---------------------------------------------------------------
 
-    def rows(self, workflow_id: uuid.UUID) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def rows(self, workflow_id: uuid.UUID) -> tuple[NewWorkflow, list[NewStep]]:
         task_ids = new_task_ids(len(self.nodes))
         steps = []
         for i, node in enumerate(self.nodes):
             policy = node.task.retry_policy
             args, kwargs = self.encoded[i]
             steps.append(
-                {
-                    "node": i,
-                    "node_name": self.names[i],
-                    "task_id": str(task_ids[i]),
-                    "task_name": node.task.name,
-                    "queue": node.options.queue,
-                    "priority": node.options.priority,
-                    "args": args,
-                    "kwargs": kwargs,
+                NewStep(
+                    node=i,
+                    node_name=self.names[i],
+                    task_id=str(task_ids[i]),
+                    task_name=node.task.name,
+                    queue=node.options.queue,
+                    priority=node.options.priority,
+                    args=args,
+                    kwargs=kwargs,
                     # Dependencies by task id too: advancing looks steps up by that single-column
                     # key, which no plan can widen into a range over the workflow.
-                    "args_from": {
-                        param: {**feed, "task": str(task_ids[feed["node"]])}
+                    args_from={
+                        param: StepFeed(feed["node"], str(task_ids[feed["node"]]), feed["as"])
                         for param, feed in self.feeds[i].items()
                     },
-                    "max_retries": policy.max_retries if policy else 0,
-                    "retry_policy": policy.to_json() if policy else None,
-                    "depends_on": self.deps[i],
-                    "dependents": [str(task_ids[j]) for j in self.dependents[i]],
-                    "join_mode": node.join,
-                    "run_anyway": node.run_anyway,
-                }
+                    max_retries=policy.max_retries if policy else 0,
+                    retry_policy=policy.to_json() if policy else None,
+                    depends_on=self.deps[i],
+                    dependents=[str(task_ids[j]) for j in self.dependents[i]],
+                    join_mode=node.join,
+                    run_anyway=node.run_anyway,
+                )
             )
-        workflow = {
-            "id": workflow_id,
-            "name": self.name,
-            "on_error": self.on_error,
-            "output_node": self.output,
-            "steps_total": len(self.nodes),
-        }
+        workflow = NewWorkflow(
+            id=workflow_id,
+            name=self.name,
+            on_error=self.on_error,
+            output_node=self.output,
+            steps_total=len(self.nodes),
+        )
         return workflow, steps
 
     def start(self) -> WorkflowHandle:

@@ -12,21 +12,16 @@ leaves a step ENQUEUED with an ended task: the reaper's reconciliation (and
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
-
-from tether.broker.queries import q
+from tether.broker import workflows
+from tether.broker.types import Conn
+from tether.broker.workflows import ChangedStep, DependentUpdate, NewStep, NewWorkflow
 
 log = logging.getLogger("tether.workflow")
-
-Row = dict[str, Any]
-Conn = psycopg.Connection[Row]
 
 
 @dataclass
@@ -39,12 +34,12 @@ class Advanced:
     status: str | None = None  # the workflow's status afterwards (None: nothing to do)
 
 
-def start(conn: Conn, workflow: Row, steps: list[Row]) -> None:
+def start(conn: Conn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
     """Write the workflow and its steps, and enqueue the steps that wait for nothing."""
     with conn.transaction():
-        conn.execute(q("insert_workflow"), workflow)
-        conn.execute(q("insert_workflow_steps"), {"workflow_id": workflow["id"], "steps": _json(steps)})
-        _enqueue_all_ready(conn, workflow["id"])
+        workflows.insert_workflow(conn, workflow)
+        workflows.insert_workflow_steps(conn, workflow.id, steps)
+        _enqueue_all_ready(conn, workflow.id)
 
 
 def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UUID | str]) -> Advanced:
@@ -55,37 +50,37 @@ def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UU
     """
     done = Advanced()
     with conn.transaction():
-        wf = conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone()
+        wf = workflows.lock_workflow(conn, workflow_id)
         if wf is None:
             log.warning(
                 "workflow %s is gone (pruned?); its step tasks %s stay as they are", workflow_id, task_ids
             )
             return done
-        conn.execute(q("plan_as_lookups"))
-        settled = conn.execute(
-            q("settle_steps"), {"workflow_id": workflow_id, "task_ids": [str(t) for t in task_ids]}
-        ).fetchall()
+        workflows.plan_as_lookups(conn)
+        settled = workflows.settle_steps(conn, workflow_id, [str(t) for t in task_ids])
         if not settled:
             return done
-        done.settled = [r["node"] for r in settled]
-        failed = sum(1 for r in settled if r["status"] != "COMPLETED")
+        done.settled = [s.node for s in settled]
+        failed = sum(1 for s in settled if s.status != "COMPLETED")
         ready = _propagate(conn, workflow_id, settled, done)
         status = _account(conn, workflow_id, len(settled) + len(done.skipped), failed)
         done.status = status
         if status == "RUNNING" and ready:
             done.enqueued = _enqueue(conn, workflow_id, ready)
-        if status == "PAUSED" and failed and wf["status"] == "RUNNING":
+        if status == "PAUSED" and failed and wf.status == "RUNNING":
             log.warning(
                 "workflow %s (%s) paused: a step failed and on_error='pause'; resume() or cancel() it",
                 workflow_id,
-                wf["name"],
+                wf.name,
             )
-        if status in ("COMPLETED", "FAILED") and wf["status"] != status:
-            log.info("workflow %s (%s) finished %s", workflow_id, wf["name"], status)
+        if status in ("COMPLETED", "FAILED") and wf.status != status:
+            log.info("workflow %s (%s) finished %s", workflow_id, wf.name, status)
     return done
 
 
-def _propagate(conn: Conn, workflow_id: uuid.UUID | str, finished: list[Row], done: Advanced) -> list[str]:
+def _propagate(
+    conn: Conn, workflow_id: uuid.UUID | str, finished: list[ChangedStep], done: Advanced
+) -> list[str]:
     """Count finished steps down in their dependents; skips cascade. Returns the task ids made READY.
 
     Reads and writes only the dependents' rows (by task id), so the cost
@@ -95,35 +90,27 @@ def _propagate(conn: Conn, workflow_id: uuid.UUID | str, finished: list[Row], do
     while finished:
         ended: dict[str, int] = {}
         completed: dict[str, int] = {}
-        for row in finished:
-            for dependent in map(str, row["dependents"]):
+        for moved in finished:
+            for dependent in map(str, moved.dependents):
                 ended[dependent] = ended.get(dependent, 0) + 1
-                completed[dependent] = completed.get(dependent, 0) + (row["status"] == "COMPLETED")
+                completed[dependent] = completed.get(dependent, 0) + (moved.status == "COMPLETED")
         if not ended:
             break
-        key = {"workflow_id": workflow_id, "task_ids": list(ended)}
-        waiting = conn.execute(q("waiting_dependents"), key).fetchall()
+        waiting = workflows.waiting_dependents(conn, workflow_id, list(ended))
         if not waiting:
             break
-        changes: dict[str, dict[str, Any]] = {}
+        updates: dict[str, DependentUpdate] = {}
         for step in waiting:
-            task_id = str(step["task_id"])
-            left = step["waiting_on"] - ended[task_id]
-            ok = step["deps_ok"] + completed[task_id]
-            bad = step["deps_failed"] + ended[task_id] - completed[task_id]
-            changes[task_id] = {
-                "waiting_on": left,
-                "deps_ok": ok,
-                "deps_failed": bad,
-                "status": _next_status(step["join_mode"], step["run_anyway"], left, ok, bad),
-            }
-        changed = conn.execute(
-            q("update_dependents"),
-            {"workflow_id": workflow_id, "task_ids": list(changes), "changes": json.dumps(changes)},
-        ).fetchall()
-        ready += [str(r["task_id"]) for r in changed if r["status"] == "READY"]
-        finished = [r for r in changed if r["status"] == "SKIPPED"]
-        done.skipped += [r["node"] for r in finished]
+            task_id = str(step.task_id)
+            left = step.waiting_on - ended[task_id]
+            ok = step.deps_ok + completed[task_id]
+            bad = step.deps_failed + ended[task_id] - completed[task_id]
+            status = _next_status(step.join_mode, step.run_anyway, left, ok, bad)
+            updates[task_id] = DependentUpdate(waiting_on=left, deps_ok=ok, deps_failed=bad, status=status)
+        changed = workflows.update_dependents(conn, workflow_id, updates)
+        ready += [str(s.task_id) for s in changed if s.status == "READY"]
+        finished = [s for s in changed if s.status == "SKIPPED"]
+        done.skipped += [s.node for s in finished]
     return ready
 
 
@@ -141,27 +128,25 @@ def _next_status(join: str, run_anyway: bool, waiting_on: int, deps_ok: int, dep
 
 
 def _account(conn: Conn, workflow_id: uuid.UUID | str, done: int, failed: int) -> str:
-    row = conn.execute(
-        q("account_steps"), {"workflow_id": workflow_id, "done": done, "failed": failed}
-    ).fetchone()
-    assert row is not None, "the workflow row is locked by this transaction"
-    return str(row["status"])
+    status = workflows.account_steps(conn, workflow_id, done=done, failed=failed)
+    assert status is not None, "the workflow row is locked by this transaction"
+    return status
 
 
 def cancel(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
     """Cancel an open workflow: steps not started end CANCELLED; running ones finish. True if it was open."""
     with conn.transaction():
-        wf = conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone()
-        if wf is None or not conn.execute(q("cancel_workflow"), {"id": workflow_id}).fetchall():
+        wf = workflows.lock_workflow(conn, workflow_id)
+        if wf is None or not workflows.cancel_workflow(conn, workflow_id):
             return False
-        unstarted = conn.execute(q("cancel_unstarted_steps"), {"id": workflow_id}).fetchall()
+        unstarted = workflows.cancel_unstarted_steps(conn, workflow_id)
         settled = _cancel_step_tasks(conn, workflow_id)
-        _account(conn, workflow_id, len(unstarted) + settled, 0)
+        _account(conn, workflow_id, unstarted + settled, 0)
     log.info(
         "workflow %s (%s) cancelled: %d step(s) had not started",
         workflow_id,
-        wf["name"],
-        len(unstarted) + settled,
+        wf.name,
+        unstarted + settled,
     )
     return True
 
@@ -170,8 +155,8 @@ def cancel_leftovers(conn: Conn, workflow_id: uuid.UUID | str) -> int:
     """Cancel step tasks of a CANCELLED workflow that are waiting to run again (a retry
     scheduled after the cancel). Returns how many steps that settled."""
     with conn.transaction():
-        wf = conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone()
-        if wf is None or wf["status"] != "CANCELLED":
+        wf = workflows.lock_workflow(conn, workflow_id)
+        if wf is None or wf.status != "CANCELLED":
             return 0
         settled = _cancel_step_tasks(conn, workflow_id)
         _account(conn, workflow_id, settled, 0)
@@ -180,21 +165,18 @@ def cancel_leftovers(conn: Conn, workflow_id: uuid.UUID | str) -> int:
 
 def _cancel_step_tasks(conn: Conn, workflow_id: uuid.UUID | str) -> int:
     """Cancel the not-started tasks of ENQUEUED steps and settle those steps CANCELLED."""
-    cancelled = conn.execute(q("cancel_step_tasks"), {"id": workflow_id}).fetchall()
+    cancelled = workflows.cancel_step_tasks(conn, workflow_id)
     if not cancelled:
         return 0
-    settled = conn.execute(
-        q("settle_steps"), {"workflow_id": workflow_id, "task_ids": [str(r["id"]) for r in cancelled]}
-    ).fetchall()
-    return len(settled)
+    return len(workflows.settle_steps(conn, workflow_id, cancelled))
 
 
 def resume(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
     """Resume a PAUSED workflow: its READY steps are enqueued. True if it was paused."""
     with conn.transaction():
-        if conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone() is None:
+        if workflows.lock_workflow(conn, workflow_id) is None:
             return False
-        if not conn.execute(q("resume_workflow"), {"id": workflow_id}).fetchall():
+        if not workflows.resume_workflow(conn, workflow_id):
             return False
         _enqueue_all_ready(conn, workflow_id)
         # Every step may have finished while it was paused.
@@ -205,15 +187,15 @@ def resume(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
 def pause(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
     """Hold a RUNNING workflow: steps that become ready wait until resume(). True if it was running."""
     with conn.transaction():
-        if conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone() is None:
+        if workflows.lock_workflow(conn, workflow_id) is None:
             return False
-        return bool(conn.execute(q("pause_workflow"), {"id": workflow_id}).fetchall())
+        return workflows.pause_workflow(conn, workflow_id)
 
 
 def finalize(conn: Conn, workflow_id: uuid.UUID | str) -> str | None:
     """Finish a workflow whose steps have all ended, or enqueue READY steps left behind."""
     with conn.transaction():
-        if conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone() is None:
+        if workflows.lock_workflow(conn, workflow_id) is None:
             return None
         status = _account(conn, workflow_id, 0, 0)
         if status == "RUNNING":
@@ -222,17 +204,11 @@ def finalize(conn: Conn, workflow_id: uuid.UUID | str) -> str | None:
 
 
 def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str) -> int:
-    ready = [str(r["task_id"]) for r in conn.execute(q("ready_steps"), {"workflow_id": workflow_id})]
-    return _enqueue(conn, workflow_id, ready)
+    return _enqueue(conn, workflow_id, workflows.ready_steps(conn, workflow_id))
 
 
 def _enqueue(conn: Conn, workflow_id: uuid.UUID | str, task_ids: list[str]) -> int:
     """Turn these READY steps (by task id) into tasks; how many were enqueued."""
     if not task_ids:
         return 0
-    row = conn.execute(q("enqueue_steps"), {"workflow_id": workflow_id, "task_ids": task_ids}).fetchone()
-    return int(row["enqueued"]) if row else 0
-
-
-def _json(steps: Iterable[Row]) -> str:
-    return json.dumps(list(steps), separators=(",", ":"))
+    return workflows.enqueue_steps(conn, workflow_id, task_ids)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from tether.broker import workflows
+from tether.broker.workflows import StepRow, WatchedWorkflow, WorkflowRow
 from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
 from tether.handle import TaskHandle
@@ -73,15 +75,14 @@ class WorkflowHandle:
     # -- reading -------------------------------------------------------------
 
     def status(self) -> WorkflowStatus:
-        return WorkflowStatus(self._row()["status"])
+        return WorkflowStatus(self._row().status)
 
     async def status_async(self) -> WorkflowStatus:
         return await in_thread(self.status)
 
     def info(self) -> WorkflowInfo:
         row = self._row()
-        steps = self.app.broker.fetchall("get_workflow_steps", {"id": self.id})
-        return _info(row, steps)
+        return _info(row, self._steps())
 
     async def info_async(self) -> WorkflowInfo:
         return await in_thread(self.info)
@@ -89,17 +90,16 @@ class WorkflowHandle:
     def results(self) -> dict[str, TaskResult[Any, TaskError] | None]:
         """Every step's result by node name; None for steps that have not finished."""
         self._row()
-        steps = self.app.broker.fetchall("get_workflow_steps", {"id": self.id})
-        return {s["node_name"]: _step_result(s) for s in steps}
+        return {s.node_name: _step_result(s) for s in self._steps()}
 
     async def results_async(self) -> dict[str, TaskResult[Any, TaskError] | None]:
         return await in_thread(self.results)
 
     def task(self, node_name: str) -> TaskHandle[Any]:
         """The TaskHandle of one step (its task may not exist yet: see info())."""
-        for step in self.app.broker.fetchall("get_workflow_steps", {"id": self.id}):
-            if step["node_name"] == node_name:
-                return TaskHandle(self.app, step["task_id"], step["task_name"])
+        for step in self._steps():
+            if step.node_name == node_name:
+                return TaskHandle(self.app, step.task_id, step.task_name)
         raise KeyError(f"workflow {self.id} has no node named {node_name!r}")
 
     # -- acting --------------------------------------------------------------
@@ -154,16 +154,15 @@ class WorkflowHandle:
         return found if found is not None else timed_out(timeout, "workflow")
 
     def _watch(self) -> TaskResult[Any, TaskError] | None:
-        row = self.app.broker.fetchone("watch_workflow", {"id": self.id})
-        return self._outcome(row)
+        return self._outcome(self.app.broker.run(lambda c: workflows.watch_workflow(c, self.id)))
 
     def _read(self) -> TaskResult[Any, TaskError] | None:
-        return self._outcome(self.app.broker.fetchone("get_workflow", {"id": self.id}))
+        return self._outcome(self.app.broker.run(lambda c: workflows.get_workflow(c, self.id)))
 
-    def _outcome(self, row: dict[str, Any] | None) -> TaskResult[Any, TaskError] | None:
+    def _outcome(self, row: WatchedWorkflow | WorkflowRow | None) -> TaskResult[Any, TaskError] | None:
         if row is None:
             return TaskResult(err=TaskError(ErrorCode.WORKFLOW_NOT_FOUND, f"no workflow with id {self.id}"))
-        status = WorkflowStatus(row["status"])
+        status = WorkflowStatus(row.status)
         if not status.is_terminal:
             return None
         if status is WorkflowStatus.CANCELLED:
@@ -172,24 +171,24 @@ class WorkflowHandle:
             )
         if status is WorkflowStatus.FAILED:
             return self._failure()
-        return self._output(row["output_node"])
+        return self._output(row.output_node)
 
     def _output(self, output: int | None) -> TaskResult[Any, TaskError]:
-        steps = self.app.broker.fetchall("workflow_output", {"id": self.id, "output_node": output})
+        steps = self.app.broker.run(lambda c: workflows.workflow_output(c, self.id, output))
         if output is not None and steps:
-            return decode_result(steps[0]["result"])
+            return decode_result(steps[0].result)
         values = {}
         for step in steps:
-            values[step["node_name"]] = decode_result(step["result"]).ok
+            values[step.node_name] = decode_result(step.result).ok
         return TaskResult(ok=values)
 
     def _failure(self) -> TaskResult[Any, TaskError]:
-        failed = self.app.broker.fetchall("workflow_failures", {"id": self.id})
+        failed = self.app.broker.run(lambda c: workflows.workflow_failures(c, self.id))
         errors: dict[str, Any] = {}
         for step in failed:
-            err = decode_result(step["result"]).err if step["result"] is not None else None
-            errors[step["node_name"]] = {
-                "code": str(err.code) if err else step["error_code"],
+            err = decode_result(step.result).err if step.result is not None else None
+            errors[step.node_name] = {
+                "code": str(err.code) if err else step.error_code,
                 "message": err.message if err else "",
             }
         summary = ", ".join(f"{name} ({e['code']})" for name, e in list(errors.items())[:5])
@@ -201,51 +200,54 @@ class WorkflowHandle:
             )
         )
 
-    def _row(self) -> dict[str, Any]:
-        row = self.app.broker.fetchone("get_workflow", {"id": self.id})
+    def _row(self) -> WorkflowRow:
+        row = self.app.broker.run(lambda c: workflows.get_workflow(c, self.id))
         if row is None:
             raise WorkflowNotFoundError(
                 f"no workflow with id {self.id} (never started, or pruned by retention)"
             )
         return row
 
+    def _steps(self) -> list[StepRow]:
+        return self.app.broker.run(lambda c: workflows.get_workflow_steps(c, self.id))
 
-def _step_result(step: dict[str, Any]) -> TaskResult[Any, TaskError] | None:
-    if not StepStatus(step["status"]).is_terminal or step["result"] is None:
+
+def _step_result(step: StepRow) -> TaskResult[Any, TaskError] | None:
+    if not StepStatus(step.status).is_terminal or step.result is None:
         return None
-    return decode_result(step["result"])
+    return decode_result(step.result)
 
 
-def _info(row: dict[str, Any], steps: list[dict[str, Any]]) -> WorkflowInfo:
-    names = {s["node"]: s["node_name"] for s in steps}
+def _info(row: WorkflowRow, steps: list[StepRow]) -> WorkflowInfo:
+    names = {s.node: s.node_name for s in steps}
     return WorkflowInfo(
-        id=row["id"],
-        name=row["name"],
-        status=WorkflowStatus(row["status"]),
-        on_error=row["on_error"],
-        steps_total=row["steps_total"],
-        steps_done=row["steps_done"],
-        steps_failed=row["steps_failed"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        paused_at=row["paused_at"],
-        finished_at=row["finished_at"],
+        id=row.id,
+        name=row.name,
+        status=WorkflowStatus(row.status),
+        on_error=row.on_error,
+        steps_total=row.steps_total,
+        steps_done=row.steps_done,
+        steps_failed=row.steps_failed,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        paused_at=row.paused_at,
+        finished_at=row.finished_at,
         steps=tuple(
             StepInfo(
-                node=s["node"],
-                name=s["node_name"],
-                task_name=s["task_name"],
-                task_id=s["task_id"],
-                status=StepStatus(s["status"]),
-                task_status=TaskStatus(s["task_status"]) if s["task_status"] else None,
-                depends_on=tuple(names[d] for d in s["depends_on"]),
-                join=s["join_mode"],
-                run_anyway=s["run_anyway"],
-                attempt=s["attempt"],
-                error_code=s["error_code"],
+                node=s.node,
+                name=s.node_name,
+                task_name=s.task_name,
+                task_id=s.task_id,
+                status=StepStatus(s.status),
+                task_status=TaskStatus(s.task_status) if s.task_status else None,
+                depends_on=tuple(names[d] for d in s.depends_on),
+                join=s.join_mode,
+                run_anyway=s.run_anyway,
+                attempt=s.attempt,
+                error_code=s.error_code,
                 result=_step_result(s),
-                enqueued_at=s["enqueued_at"],
-                finished_at=s["finished_at"],
+                enqueued_at=s.enqueued_at,
+                finished_at=s.finished_at,
             )
             for s in steps
         ),

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
-from tether.broker.queries import q
+from tether.broker import workflows
+from tether.broker.types import Conn
+from tether.broker.workflows import WorkflowState
 from tether.result import WorkflowStatus
 from tether.workflow import engine
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.workflow.recovery")
 
-Row = dict[str, Any]
-Conn = psycopg.Connection[Row]
 BATCH = 500
 
 
@@ -41,24 +40,22 @@ class WorkflowsRecovered:
         return bool(self.steps or self.finished)
 
 
-def find_stuck(conn: Conn, limit: int = BATCH) -> dict[Any, list[Any]]:
+def find_stuck(conn: Conn, limit: int = BATCH) -> dict[uuid.UUID, list[uuid.UUID]]:
     """Steps still ENQUEUED whose task has ended, by workflow."""
-    found: dict[Any, list[Any]] = defaultdict(list)
-    for row in conn.execute(q("stuck_steps"), {"limit": limit}).fetchall():
-        found[row["workflow_id"]].append(row["task_id"])
+    found: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+    for step in workflows.stuck_steps(conn, limit):
+        found[step.workflow_id].append(step.task_id)
     return dict(found)
 
 
-def find_unfinished(conn: Conn, limit: int = BATCH) -> list[Any]:
+def find_unfinished(conn: Conn, limit: int = BATCH) -> list[uuid.UUID]:
     """Open workflows whose steps have all ended, and CANCELLED ones with step tasks left to cancel."""
-    open_done = [r["id"] for r in conn.execute(q("unfinished_workflows"), {"limit": limit}).fetchall()]
-    leftovers = [
-        r["workflow_id"] for r in conn.execute(q("cancelled_leftovers"), {"limit": limit}).fetchall()
-    ]
-    return open_done + leftovers
+    return workflows.unfinished_workflows(conn, limit) + workflows.cancelled_leftovers(conn, limit)
 
 
-def reconcile(conn: Conn, stuck: dict[Any, list[Any]], unfinished: list[Any]) -> WorkflowsRecovered:
+def reconcile(
+    conn: Conn, stuck: dict[uuid.UUID, list[uuid.UUID]], unfinished: list[uuid.UUID]
+) -> WorkflowsRecovered:
     """Run the normal completion path for stuck steps, then finish what is left open.
 
     One transaction per workflow (each locks its workflow row first).
@@ -115,7 +112,7 @@ class ReconcileReport:
     dry_run: bool
     steps: int  # settled (or, in a dry run, found stuck)
     finished: list[str]  # workflows that ended (dry run: whose steps have all ended already)
-    workflows: list[Row]  # id, name, stuck_steps, status (afterwards) of each one touched
+    workflows: list[dict[str, Any]]  # id, name, stuck_steps, status (afterwards) of each one touched
 
 
 def reconcile_and_report(conn: Conn, *, dry_run: bool, limit: int = BATCH) -> ReconcileReport:
@@ -134,28 +131,27 @@ def reconcile_and_report(conn: Conn, *, dry_run: bool, limit: int = BATCH) -> Re
         steps, after = done.steps, _statuses(conn, ids)
         ended = {w for w, row in after.items() if not _is_open(row) and w in before and _is_open(before[w])}
         finished = list(dict.fromkeys([*(str(w) for w in ids if w in ended), *done.finished]))
-    workflows = [
+    touched = [
         {
             "id": str(w),
-            "name": after[w]["name"],
+            "name": after[w].name,
             "stuck_steps": len(stuck.get(w, ())),
-            "status": after[w]["status"],
+            "status": after[w].status,
         }
         for w in ids
         if w in after
     ]
-    return ReconcileReport(dry_run, steps, finished, workflows)
+    return ReconcileReport(dry_run, steps, finished, touched)
 
 
-def _is_open(row: Row) -> bool:
-    return not WorkflowStatus(row["status"]).is_terminal
+def _is_open(state: WorkflowState) -> bool:
+    return not WorkflowStatus(state.status).is_terminal
 
 
-def _statuses(conn: Conn, ids: list[Any]) -> dict[Any, Row]:
+def _statuses(conn: Conn, ids: list[uuid.UUID]) -> dict[uuid.UUID, WorkflowState]:
     if not ids:
         return {}
-    rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
-    return {r["id"]: r for r in rows}
+    return {s.id: s for s in workflows.workflow_statuses(conn, ids)}
 
 
 def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
