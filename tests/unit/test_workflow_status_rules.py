@@ -12,9 +12,10 @@ status from its task's end (settle_steps), and the workflow's own status (accoun
 COMPLETED/FAILED once every step finished, PAUSED on a failure under on_error='pause').
 The integration tests cover those.
 
-``advance`` runs here on a stand-in connection that answers the engine's named statements
-from an in-memory table of steps; the settled steps and the workflow status the SQL would
-return are given by each test.
+``advance`` runs here, through the typed functions of tether/broker/workflows.py, on a
+stand-in connection that answers their statements (by name) from an in-memory table of
+steps, with rows of the columns each statement returns; the settled steps and the workflow
+status the SQL would return are given by each test.
 """
 
 from __future__ import annotations

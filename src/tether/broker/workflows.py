@@ -166,7 +166,7 @@ def plan_as_lookups(conn: Conn) -> None:
     conn.execute(q("plan_as_lookups"))
 
 
-def settle_steps(conn: Conn, workflow_id: WorkflowId, task_ids: Sequence[str]) -> list[ChangedStep]:
+def settle_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> list[ChangedStep]:
     """ENQUEUED steps (of ``task_ids``) whose task has ended take its outcome; the ones settled."""
     rows = conn.execute(q("settle_steps"), {"workflow_id": workflow_id, "task_ids": task_ids}).fetchall()
     return [ChangedStep(**r) for r in rows]
