@@ -1,6 +1,7 @@
 """tether: a durable background-task queue and workflow engine for Python on PostgreSQL."""
 
 from tether.app import Tether
+from tether.broker.recovery import StaleTask
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
 from tether.progress import report_progress
@@ -30,6 +31,7 @@ __all__ = [
     "PostgresConfig",
     "RecoveryConfig",
     "RetryPolicy",
+    "StaleTask",
     "StepInfo",
     "StepStatus",
     "TaskError",

@@ -44,7 +44,7 @@ class StatusSnapshot:
 
     counts: list[QueueCount]
     workers: list[WorkerSummary]
-    stale_tasks: list[Row]  # RUNNING, no runner heartbeat past the threshold (recovery.stale_tasks)
+    stale_tasks: list[recovery.StaleTask]  # RUNNING, no runner heartbeat past the threshold
     running_stale_threshold_s: float
     recent_failures: list[Failure] | None  # None unless asked for
 
@@ -169,13 +169,13 @@ class PostgresBroker:
             recent_failures=self.run(lambda c: tasks.recent_failures(c, failures)) if failures else None,
         )
 
-    def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
+    def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[recovery.StaleTask]:
         """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""
         _positive("stale_threshold_minutes", stale_threshold_minutes)
         with self.connection() as conn:
             return recovery.stale_tasks(conn, stale_threshold_minutes * 60_000)
 
-    async def get_stale_tasks(self, stale_threshold_minutes: float = 5.0) -> list[Row]:
+    async def get_stale_tasks(self, stale_threshold_minutes: float = 5.0) -> list[recovery.StaleTask]:
         return await asyncio.to_thread(self.get_stale_tasks_sync, stale_threshold_minutes)
 
     def mark_stale_tasks_as_failed_sync(self, stale_threshold_ms: int = 300_000) -> int:

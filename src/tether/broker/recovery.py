@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from uuid import UUID
 
 from tether import outcomes
 from tether.broker.claims import Fence, record_outcome
 from tether.broker.queries import q
-from tether.broker.types import Conn, Row
+from tether.broker.types import Conn
 from tether.broker.workflows import prune_workflows
 from tether.config import RecoveryConfig
 
@@ -32,15 +33,68 @@ log = logging.getLogger("tether.recovery")
 BATCH = 500
 
 
+@dataclass(frozen=True, slots=True)
+class RequeuedTask:
+    """A CLAIMED task put back to PENDING: its claimer went silent before its code ran."""
+
+    id: UUID
+    name: str
+    attempt: int
+    claimed_by_worker_id: str
+    silent_s: float  # seconds since the claim or the claimer's last heartbeat for it
+
+
+@dataclass(frozen=True, slots=True)
+class CrashedTask:
+    """A RUNNING task whose runner went silent, settled with WORKER_CRASHED.
+
+    ``retry_delay_s`` is set when its retry policy scheduled another attempt, None when it FAILED.
+    """
+
+    id: UUID
+    name: str
+    attempt: int
+    claimed_by_worker_id: str
+    silent_s: float  # seconds since the start or the runner's last heartbeat
+    retry_delay_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeactivatedWorker:
+    """A worker marked inactive: its heartbeat went stale, or its process was found gone."""
+
+    id: str
+    hostname: str
+    pid: int
+    age_s: float  # seconds since its last heartbeat
+
+
+@dataclass(frozen=True, slots=True)
+class StaleTask:
+    """A RUNNING task with no runner heartbeat or progress past a threshold, and its worker."""
+
+    id: UUID
+    name: str
+    queue: str
+    attempt: int
+    worker_id: str | None
+    worker_hostname: str | None  # None when the worker's row was pruned
+    worker_pid: int | None
+    worker_status: str | None
+    started_at: datetime | None
+    last_heartbeat_at: datetime | None  # the latest of start, progress and runner heartbeat
+    silent_s: float
+
+
 @dataclass
 class Recovered:
     """What one recovery pass did, task by task, for logs, the CLI and tests."""
 
     expired: int = 0
-    requeued: list[Row] = field(default_factory=list)
-    retried: list[Row] = field(default_factory=list)
-    failed: list[Row] = field(default_factory=list)
-    deactivated: list[Row] = field(default_factory=list)
+    requeued: list[RequeuedTask] = field(default_factory=list)
+    retried: list[CrashedTask] = field(default_factory=list)
+    failed: list[CrashedTask] = field(default_factory=list)
+    deactivated: list[DeactivatedWorker] = field(default_factory=list)
     workflow_steps: int = 0  # workflow steps settled by reconciliation
     workflows_finished: list[str] = field(default_factory=list)
 
@@ -83,21 +137,24 @@ def expire_pending(conn: Conn, limit: int = BATCH) -> int:
 
 def requeue_stale_claimed(
     conn: Conn, threshold_ms: float, *, owner: str | None = None, limit: int = BATCH, quiet: bool = False
-) -> list[Row]:
+) -> list[RequeuedTask]:
     rows = conn.execute(
         q("requeue_stale_claimed"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
     ).fetchall()
-    for row in [] if quiet else rows:
+    requeued = [
+        RequeuedTask(r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], r["silent_s"]) for r in rows
+    ]
+    for task in [] if quiet else requeued:
         log.warning(
             "requeued task %s (%s) attempt %d: CLAIMED by %s with no claimer heartbeat for %.1fs; "
             "its code never ran, back to PENDING",
-            row["id"],
-            row["name"],
-            row["attempt"],
-            row["claimed_by_worker_id"],
-            row["silent_s"],
+            task.id,
+            task.name,
+            task.attempt,
+            task.claimed_by_worker_id,
+            task.silent_s,
         )
-    return rows
+    return requeued
 
 
 def recover_stale_running(
@@ -108,13 +165,13 @@ def recover_stale_running(
     limit: int = BATCH,
     why: str | None = None,
     quiet: bool = False,
-) -> tuple[list[Row], list[Row]]:
+) -> tuple[list[CrashedTask], list[CrashedTask]]:
     """Retry or fail RUNNING tasks whose runner went silent. Returns (retried, failed).
 
     Runs in one transaction: the rows stay locked from the scan to the write.
     """
-    retried: list[Row] = []
-    failed: list[Row] = []
+    retried: list[CrashedTask] = []
+    failed: list[CrashedTask] = []
     with conn.transaction():
         stale = conn.execute(
             q("stale_running"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
@@ -128,16 +185,23 @@ def recover_stale_running(
             fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
             if not record_outcome(conn, fence, outcome, hostname=None, pid=None).recorded:
                 continue  # settled by its own worker in the meantime: nothing to do
-            row = {**row, "retry_delay_s": outcome.retry_delay_s}
-            (retried if outcome.will_retry else failed).append(row)
-            if quiet:
-                continue
-            log.warning(
-                "task %s (%s) attempt %d: RUNNING on %s, %s; %s",
+            task = CrashedTask(
                 row["id"],
                 row["name"],
                 row["attempt"],
                 row["claimed_by_worker_id"],
+                row["silent_s"],
+                outcome.retry_delay_s if outcome.will_retry else None,
+            )
+            (retried if outcome.will_retry else failed).append(task)
+            if quiet:
+                continue
+            log.warning(
+                "task %s (%s) attempt %d: RUNNING on %s, %s; %s",
+                task.id,
+                task.name,
+                task.attempt,
+                task.claimed_by_worker_id,
                 how,
                 f"retry in {outcome.retry_delay_s:.1f}s (policy retries WORKER_CRASHED)"
                 if outcome.will_retry
@@ -148,28 +212,30 @@ def recover_stale_running(
 
 def deactivate_stale_workers(
     conn: Conn, threshold_ms: float, limit: int = BATCH, *, quiet: bool = False
-) -> list[Row]:
+) -> list[DeactivatedWorker]:
     rows = conn.execute(
         q("deactivate_stale_workers"), {"threshold": _ms(threshold_ms), "limit": limit}
     ).fetchall()
-    for row in [] if quiet else rows:
+    workers = [DeactivatedWorker(**row) for row in rows]
+    for worker in [] if quiet else workers:
         log.warning(
             "worker %s (host %s, pid %s) heartbeat is stale (%.0fs old), marking it inactive",
-            row["id"],
-            row["hostname"],
-            row["pid"],
-            row["age_s"],
+            worker.id,
+            worker.hostname,
+            worker.pid,
+            worker.age_s,
         )
-    if rows and not quiet:
-        log.info("deactivated %d worker(s) with stale heartbeats", len(rows))
-    return rows
+    if workers and not quiet:
+        log.info("deactivated %d worker(s) with stale heartbeats", len(workers))
+    return workers
 
 
 def recover_worker(conn: Conn, worker_id: str, why: str) -> Recovered:
     """Everything a worker known to be gone held: no waiting for its heartbeats to go stale."""
     done = Recovered()
-    if conn.execute(q("deactivate_worker"), {"id": worker_id}).fetchall():
-        done.deactivated.append({"id": worker_id})
+    done.deactivated = [
+        DeactivatedWorker(**row) for row in conn.execute(q("deactivate_worker"), {"id": worker_id})
+    ]
     done.requeued = requeue_stale_claimed(conn, 0, owner=worker_id)
     done.retried, done.failed = recover_stale_running(conn, 0, owner=worker_id, why=why)
     return done
@@ -226,8 +292,9 @@ def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, i
     return deleted
 
 
-def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[Row]:
-    return conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit}).fetchall()
+def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[StaleTask]:
+    rows = conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit})
+    return [StaleTask(**row) for row in rows]
 
 
 def apply_task_rules(

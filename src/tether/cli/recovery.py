@@ -6,12 +6,14 @@ workflow.recovery.reconcile_and_report; this module picks the thresholds and pri
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import click
 from rich.table import Table
 
-from tether.broker.recovery import apply_task_rules
+from tether.broker.recovery import CrashedTask, RequeuedTask, apply_task_rules
 from tether.cli import common
 from tether.workflow.recovery import ReconcileReport, reconcile_and_report
 
@@ -57,7 +59,7 @@ def recover(
         )
         # Then the reaper's workflow reconciliation, which also settles the steps of tasks failed above.
         flows = reconcile_and_report(conn, dry_run=dry_run)
-    rows = (
+    rows: Sequence[tuple[str, RequeuedTask | CrashedTask]] = (
         [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
         + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
         + [("FAILED (WORKER_CRASHED)", r) for r in done.failed]
@@ -67,7 +69,7 @@ def recover(
             {
                 "dry_run": dry_run,
                 "expired": done.expired,
-                "tasks": [{"action": a, **r} for a, r in rows],
+                "tasks": [{"action": a, **dataclasses.asdict(r)} for a, r in rows],
                 "workers_deactivated": done.deactivated,
                 "workflows": _report_json(flows),
             }
@@ -78,10 +80,7 @@ def recover(
         common.table(
             f"Stale tasks ({'dry run: nothing changed' if dry_run else 'recovered'})",
             ["task", "name", "attempt", "worker", "silent", "action"],
-            [
-                [r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], f"{r['silent_s']:.1f}s", a]
-                for a, r in rows
-            ],
+            [[r.id, r.name, r.attempt, r.claimed_by_worker_id, f"{r.silent_s:.1f}s", a] for a, r in rows],
         )
     )
     common.console.print(

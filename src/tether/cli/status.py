@@ -37,14 +37,7 @@ def status(database_url: str | None, as_json: bool, app_path: str | None) -> Non
             f"Stale tasks (RUNNING, no runner heartbeat for over {snapshot.running_stale_threshold_s:.0f}s)",
             ["task", "name", "worker", "host", "worker status", "silent"],
             [
-                [
-                    r["id"],
-                    r["name"],
-                    r["worker_id"],
-                    r["worker_hostname"],
-                    r["worker_status"],
-                    f"{r['silent_s']:.0f}s",
-                ]
+                [r.id, r.name, r.worker_id, r.worker_hostname, r.worker_status, f"{r.silent_s:.0f}s"]
                 for r in stale
             ],
         )

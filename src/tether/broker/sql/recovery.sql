@@ -98,7 +98,7 @@ WITH no_longer_waiting AS (
 )
 UPDATE tether_workers SET status = 'inactive', inactive_at = now(), updated_at = now()
 WHERE id = %(id)s AND status = 'active'
-RETURNING id;
+RETURNING id, hostname, pid, extract(epoch FROM now() - last_heartbeat_at)::float8 AS age_s;
 
 -- name: workers_on_host
 -- Active workers, and inactive ones that still own in-flight tasks (marked
