@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from tether.app_view import AppView
 from tether.broker import tasks
 from tether.broker.tasks import AttemptInfo as AttemptInfo  # public as tether.AttemptInfo
 from tether.codec import decode_result
@@ -15,9 +16,6 @@ from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
 from tether.workflow import engine
-
-if TYPE_CHECKING:
-    from tether.app import Tether
 
 T = TypeVar("T")
 
@@ -72,7 +70,7 @@ def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | No
 
 
 class TaskHandle(Generic[T]):
-    def __init__(self, app: Tether, task_id: uuid.UUID, name: str | None = None) -> None:
+    def __init__(self, app: AppView, task_id: uuid.UUID, name: str | None = None) -> None:
         self.app = app
         self.id = task_id
         self.name = name

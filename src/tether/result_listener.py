@@ -12,13 +12,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from tether.broker import notifications
+from tether.broker import PostgresBroker, notifications
 from tether.broker.types import DatabaseError
-
-if TYPE_CHECKING:
-    from tether.broker import PostgresBroker
 
 log = logging.getLogger("tether.result_listener")
 

@@ -11,12 +11,13 @@ import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 from uuid import UUID
 
 from typing_extensions import Unpack
 
 from tether import codec
+from tether.app_view import AppView
 from tether.broker import tasks
 from tether.broker.tasks import SendSpec
 from tether.broker.types import Conn
@@ -27,9 +28,6 @@ from tether.ids import new_task_id, new_task_ids
 from tether.offload import in_thread
 from tether.options import SendOptions, check_delay, check_good_until
 from tether.workflow.definition import Node, NodeOptions, make_node
-
-if TYPE_CHECKING:
-    from tether.app import Tether
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,7 +43,7 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        app: Tether,
+        app: AppView,
         name: str,
         fn: Callable[P, R],
         *,
@@ -200,7 +198,7 @@ class BoundTask:
         Options: args=(...), kwargs={...}, name=, after=[...], args_from={param: node},
         join="all" | "any", run_anyway=False (see tether.workflow.definition.make_node).
         """
-        return make_node(self, **options)
+        return make_node(self.task, self.options, **options)
 
     async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return await self.schedule_async(timedelta(0), *args, **kwargs)

@@ -1,8 +1,8 @@
 """No import cycle in src/tether, counting imports inside functions and under TYPE_CHECKING.
 
 A cycle means two modules hold one job between them; the layout in docs/internals.md
-depends on imports going one way. One kind of type-only import is allowed, and listed
-below: an object annotating what created it (`app: Tether`), while its creator imports it.
+depends on imports going one way. Type-only imports count too: an object that must name
+what created it does so through a Protocol (tether.app_view.AppView, workflow's StepTask).
 """
 
 from __future__ import annotations
@@ -13,17 +13,6 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "tether"
 
-# (module, what it imports only under TYPE_CHECKING): the only type-only edges allowed to
-# close a cycle. Each annotates the object that made it: the app (app.py creates tasks,
-# handles and workflows), or the task a workflow node was made from (task.node()).
-TYPE_ONLY_BACK_REFERENCES = {
-    ("tether.handle", "tether.app"),
-    ("tether.task", "tether.app"),
-    ("tether.workflow.definition", "tether.app"),
-    ("tether.workflow.definition", "tether.task"),
-    ("tether.workflow.handle", "tether.app"),
-}
-
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
@@ -32,22 +21,12 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _type_only(tree: ast.Module) -> set[int]:
-    """ids of the import nodes under an `if TYPE_CHECKING:` block."""
-    found: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            found |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    return found
-
-
-def _imports(path: Path, modules: set[str], *, allowed: set[tuple[str, str]]) -> set[str]:
-    """The tether modules ``path`` imports, anywhere in the file, but the allowed type-only ones."""
+def _imports(path: Path, modules: set[str], source: str | None = None) -> set[str]:
+    """The tether modules ``path`` imports, anywhere in the file (``source``: its text instead)."""
     this = _module_name(path)
     package = this if path.name == "__init__.py" else this.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text(), str(path))
-    type_only = _type_only(tree)
+    tree = ast.parse(path.read_text() if source is None else source, str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -63,16 +42,19 @@ def _imports(path: Path, modules: set[str], *, allowed: set[tuple[str, str]]) ->
         for name in names:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
-            if name and name != this and not (id(node) in type_only and (this, name) in allowed):
+            if name and name != this:
                 found.add(name)
     return found
 
 
-def _graph(allowed: set[tuple[str, str]] = TYPE_ONLY_BACK_REFERENCES) -> dict[str, set[str]]:
+def _modules() -> tuple[list[Path], set[str]]:
     paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {_module_name(p) for p in paths}
-    graph = {_module_name(p): _imports(p, modules, allowed=allowed) for p in paths}
-    return graph
+    return paths, {_module_name(p) for p in paths}
+
+
+def _graph() -> dict[str, set[str]]:
+    paths, modules = _modules()
+    return {_module_name(p): _imports(p, modules) for p in paths}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -115,10 +97,13 @@ def test_the_graph_sees_the_imports_it_must() -> None:
     assert "tether.broker.claims" in graph["tether.worker.claimer"]
     assert "tether.outcomes" in graph["tether.broker.claims"]
     assert len(graph) > 50
-    # Type-only imports count unless allowed: without the list, the app's back references
-    # close a cycle.
-    assert "tether.app" in _graph(allowed=set())["tether.handle"]
-    assert _cycles(_graph(allowed=set())) != []
+    # Imports under TYPE_CHECKING and inside functions count like the others.
+    _, modules = _modules()
+    handle = PACKAGE / "handle.py"
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tether.app import Tether\n"
+    assert "tether.app" in _imports(handle, modules, typed)
+    late = "def f():\n    from .worker import main\n"
+    assert "tether.worker.main" in _imports(handle, modules, late)
 
 
 def test_a_cycle_would_be_found() -> None:

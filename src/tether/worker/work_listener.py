@@ -14,6 +14,7 @@ from tether.db.connection import connect_worker_async
 
 log = logging.getLogger("tether.worker.work_listener")
 
+
 async def listen_for_work(
     url: str,
     config: AppConfig,

@@ -15,23 +15,20 @@ import inspect
 import json
 import typing
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 from tether import codec
+from tether.app_view import AppView
 from tether.broker.workflows import NewStep, NewWorkflow, StepFeed
+from tether.config import RetryPolicy
 from tether.errors import SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
 from tether.options import SendOptions
 from tether.result import TaskResult
 from tether.workflow import engine
 from tether.workflow.handle import WorkflowHandle
-
-if TYPE_CHECKING:
-    # Only for annotations: tasks build nodes (task.node()), so task.py imports this module.
-    from tether.app import Tether
-    from tether.task import BoundTask, Task
 
 Join = Literal["all", "any"]
 OnError = Literal["fail", "pause"]
@@ -50,6 +47,25 @@ class NodeOptions(TypedDict, total=False):
     run_anyway: bool
 
 
+class StepTask(Protocol):
+    """What a workflow step uses of its task (a ``tether.task.Task``).
+
+    A Protocol rather than the Task class: task.py imports this module to build nodes.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def signature(self) -> inspect.Signature: ...
+
+    @property
+    def retry_policy(self) -> RetryPolicy | None: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
     """One step of a workflow: a task, its arguments and what it waits for.
@@ -58,7 +74,7 @@ class Node:
     another queue or priority). Dependencies are other nodes, or node names.
     """
 
-    task: Task[Any, Any]
+    task: StepTask
     options: SendOptions
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -73,7 +89,8 @@ class Node:
 
 
 def make_node(
-    bound: BoundTask,
+    task: StepTask,
+    options: SendOptions,
     *,
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
@@ -83,7 +100,7 @@ def make_node(
     join: Join = "all",
     run_anyway: bool = False,
 ) -> Node:
-    what = f"node {name!r}" if name else f"a node of task {bound.task.name!r}"
+    what = f"node {name!r}" if name else f"a node of task {task.name!r}"
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
         raise WorkflowDefinitionError(f"{what}: args must be a tuple or list, got {type(args).__name__}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
@@ -100,7 +117,7 @@ def make_node(
         raise WorkflowDefinitionError(f"{what}: join must be 'all' or 'any', got {join!r}")
     if not isinstance(run_anyway, bool):
         raise WorkflowDefinitionError(f"{what}: run_anyway must be True or False, got {run_anyway!r}")
-    if bound.options.good_until is not None:
+    if options.good_until is not None:
         raise WorkflowDefinitionError(
             f"{what}: good_until does not apply to workflow steps (a step waits for its "
             "dependencies for as long as they take); cancel the workflow instead"
@@ -110,8 +127,8 @@ def make_node(
             f"node name must be a non-empty string of up to {_NAME_MAX} characters, got {name!r}"
         )
     return Node(
-        task=bound.task,
-        options=bound.options,
+        task=task,
+        options=options,
         args=tuple(args),
         kwargs=dict(kwargs or {}),
         name=name,
@@ -127,7 +144,7 @@ class Workflow:
 
     def __init__(
         self,
-        app: Tether,
+        app: AppView,
         name: str,
         nodes: Sequence[Node],
         *,
@@ -313,7 +330,7 @@ class Workflow:
         return await asyncio.to_thread(self.start)
 
 
-def _node_names(workflow: str, nodes: Sequence[Node], app: Tether) -> list[str]:
+def _node_names(workflow: str, nodes: Sequence[Node], app: AppView) -> list[str]:
     names: list[str] = []
     for i, node in enumerate(nodes):
         if not isinstance(node, Node):

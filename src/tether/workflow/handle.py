@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tether.app_view import AppView
 from tether.broker import workflows
 from tether.broker.workflows import StepRow, WatchedWorkflow, WorkflowRow
 from tether.codec import decode_result
@@ -16,9 +17,6 @@ from tether.offload import in_thread
 from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
 from tether.workflow import engine
-
-if TYPE_CHECKING:
-    from tether.app import Tether
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +56,7 @@ class WorkflowInfo:
 
 
 class WorkflowHandle:
-    def __init__(self, app: Tether, workflow_id: uuid.UUID, name: str | None = None) -> None:
+    def __init__(self, app: AppView, workflow_id: uuid.UUID, name: str | None = None) -> None:
         self.app = app
         self.id = workflow_id
         self.name = name

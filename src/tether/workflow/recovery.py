@@ -14,16 +14,14 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tether.app_view import AppView
 from tether.broker import workflows
 from tether.broker.types import Conn
 from tether.broker.workflows import WorkflowState
 from tether.result import WorkflowStatus
 from tether.workflow import engine
-
-if TYPE_CHECKING:
-    from tether.app import Tether
 
 log = logging.getLogger("tether.workflow.recovery")
 
@@ -154,7 +152,7 @@ def _statuses(conn: Conn, ids: list[uuid.UUID]) -> dict[uuid.UUID, WorkflowState
     return {s.id: s for s in workflows.workflow_statuses(conn, ids)}
 
 
-def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
+def recover_stuck_workflows(app: AppView, limit: int = BATCH) -> WorkflowsRecovered:
     """Settle steps whose task ended without advancing its workflow, and finish what is done.
 
     The reaper does this every tick; call it by hand after an outage, or from a
@@ -166,5 +164,5 @@ def recover_stuck_workflows(app: Tether, limit: int = BATCH) -> WorkflowsRecover
     return app.broker.run(lambda conn: reconcile_all(conn, limit))
 
 
-async def recover_stuck_workflows_async(app: Tether, limit: int = BATCH) -> WorkflowsRecovered:
+async def recover_stuck_workflows_async(app: AppView, limit: int = BATCH) -> WorkflowsRecovered:
     return await asyncio.to_thread(recover_stuck_workflows, app, limit)
