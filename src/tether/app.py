@@ -7,14 +7,16 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
-from tether.broker import PostgresBroker
+from tether.broker import PostgresBroker, schedules
+from tether.broker.schedules import ScheduleInfo
 from tether.config import AppConfig, RetryPolicy
-from tether.errors import TaskDefinitionError
+from tether.errors import ScheduleDefinitionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
 from tether.options import SendOptions, check_send_options, check_time_limit
+from tether.periodic import CatchUp, Overlap, Schedule, declare, set_paused
 from tether.result_listener import ResultListener
 from tether.task import Task
 from tether.workflow.definition import Node, OnError, Workflow
@@ -36,6 +38,7 @@ class Tether:
     def __init__(self, config: AppConfig | None = None) -> None:
         self.config = config if config is not None else AppConfig()
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.schedules: dict[str, Schedule] = {}  # periodic tasks, by schedule name
         self.broker = PostgresBroker(self.config.broker, auto_migrate=self.config.auto_migrate)
         self._listener: ResultListener | None = None
         self._listener_lock = threading.Lock()
@@ -81,6 +84,124 @@ class Tether:
             return task
 
         return register
+
+    @overload
+    def periodic(
+        self,
+        cron: str,
+        task: None = None,
+        *,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "latest",
+        overlap: Overlap = "allow",
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> Callable[[Task[P, R]], Task[P, R]]: ...
+
+    @overload
+    def periodic(
+        self,
+        cron: str,
+        task: Task[Any, Any],
+        *,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "latest",
+        overlap: Overlap = "allow",
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> Schedule: ...
+
+    def periodic(
+        self,
+        cron: str,
+        task: Task[Any, Any] | None = None,
+        *,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "latest",
+        overlap: Overlap = "allow",
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> Schedule | Callable[[Task[P, R]], Task[P, R]]:
+        """Send ``task`` at every time ``cron`` names (a slot), exactly once per slot.
+
+        ``cron``: five fields, six with seconds first (``*/2 * * * * *``), or @hourly,
+        @daily, ...; read in ``timezone`` (an IANA name). ``name`` (default: the task's
+        name) identifies the schedule across deploys. ``catch_up`` decides what happens
+        to slots missed while no worker ran: "latest" (one task, for the most recent),
+        "all" (every one, up to 100) or "none". ``overlap="skip"`` skips a slot while the
+        previous slot's task has not ended. Without ``task``, a decorator for one.
+        See docs/periodic.md.
+        """
+        if task is None:
+
+            def register(fn: Task[P, R]) -> Task[P, R]:
+                self.periodic(
+                    cron,
+                    fn,
+                    name=name,
+                    args=args,
+                    kwargs=kwargs,
+                    timezone=timezone,
+                    catch_up=catch_up,
+                    overlap=overlap,
+                    queue=queue,
+                    priority=priority,
+                )
+                return fn
+
+            return register
+        if not isinstance(task, Task) or self.tasks.get(task.name) is not task:
+            raise ScheduleDefinitionError(
+                f"schedule {name or getattr(task, 'name', task)!r}: the task must be a task registered "
+                f"in this app with @app.task (got {task!r}); put @app.periodic above @app.task"
+            )
+        options = self.check_options(
+            task.name,
+            SendOptions(
+                queue if queue is not None else task.options.queue,
+                priority if priority is not None else task.options.priority,
+                None,
+            ),
+        )
+        schedule = declare(
+            cron,
+            task,
+            name=name,
+            args=args,
+            kwargs=kwargs,
+            timezone=timezone,
+            catch_up=catch_up,
+            overlap=overlap,
+            options=options,
+        )
+        if schedule.name in self.schedules:
+            raise ScheduleDefinitionError(
+                f"schedule name {schedule.name!r} is already declared ({self.schedules[schedule.name]!r}); "
+                "give each schedule of a task its own name="
+            )
+        self.schedules[schedule.name] = schedule
+        return schedule
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop sending the schedule's slots until resumed (no deploy needed); False if already paused."""
+        return self.broker.run(lambda conn: set_paused(conn, name, paused=True))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Send its slots again, from the first slot after now; False if it was not paused."""
+        return self.broker.run(lambda conn: set_paused(conn, name, paused=False))
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        """Every schedule stored in the database (all apps), as ``tether schedules`` lists them."""
+        return self.broker.run(schedules.list_schedules)
 
     def check_options(self, task_name: str, options: SendOptions) -> SendOptions:
         """Validate send options; the error says which option and why."""

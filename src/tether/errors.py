@@ -33,6 +33,14 @@ class WorkflowDefinitionError(TetherError, ValueError):
     """A workflow is refused before anything is written: unknown task, cycle, bad arguments, ..."""
 
 
+class ScheduleDefinitionError(TetherError, ValueError):
+    """A periodic task declared with a bad expression, time zone, task or arguments."""
+
+
+class ScheduleNotFoundError(TetherError, LookupError):
+    """No schedule of that name (pause, resume)."""
+
+
 class WorkflowNotFoundError(TetherError, LookupError):
     """No workflow with that id exists (it may have been pruned by retention)."""
 

@@ -1,7 +1,8 @@
 """The NOTIFY channels tether uses, and subscribing to them.
 
 tether_work: '<queue> <epoch of the earliest run_at>' when work becomes claimable;
-tether_done: '<task id>' when a task a handle waits for reaches a terminal state.
+tether_done: '<task id>' when a task a handle waits for reaches a terminal state;
+tether_schedules: '<queue>' when a schedule of that queue is declared, changed, paused or resumed.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from tether.broker.types import AsyncConn, Conn
 
 WORK_CHANNEL: Final = "tether_work"
 DONE_CHANNEL: Final = "tether_done"
+SCHEDULES_CHANNEL: Final = "tether_schedules"
 
-_LISTEN: dict[str, LiteralString] = {WORK_CHANNEL: "LISTEN tether_work", DONE_CHANNEL: "LISTEN tether_done"}
+_LISTEN: dict[str, LiteralString] = {
+    WORK_CHANNEL: "LISTEN tether_work",
+    DONE_CHANNEL: "LISTEN tether_done",
+    SCHEDULES_CHANNEL: "LISTEN tether_schedules",
+}
 
 
 def listen(conn: Conn, channel: str) -> None:

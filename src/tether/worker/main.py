@@ -41,6 +41,7 @@ from tether.worker.notify_registration import NotifyRegistration
 from tether.worker.reaper import Reaper, reaper_loop
 from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
+from tether.worker.scheduler import Scheduler, scheduler_loop
 from tether.worker.supervisor import Supervisor
 from tether.worker.time_limits import TimeLimits
 from tether.worker.work_listener import listen_for_work
@@ -147,7 +148,7 @@ class Worker:
             await self._close()
 
     async def _start_services(self, url: str, registration: NotifyRegistration) -> None:
-        """Heartbeat, isolation watch, reaper and work listener; returns once the listener listens.
+        """Heartbeat, isolation watch, reaper, scheduler and work listener; returns once the listener listens.
 
         The listener listens before startup reconciliation writes anything: a crash
         retry it schedules notifies its due time, and the timer set from that
@@ -165,6 +166,7 @@ class Worker:
             on_rejoin=self.triggers.work_may_wait,
         )
         reaper = Reaper(url, config, every)
+        scheduler = Scheduler(url, config, self.queues, list(self.app.schedules.values()))
         listening = asyncio.Event()
 
         def on_listening() -> None:
@@ -173,16 +175,20 @@ class Worker:
             listening.set()
             registration.forget()
             self.triggers.work_may_wait()
+            scheduler.wake()
 
         self._background = [
             asyncio.create_task(
-                listen_for_work(url, config, set(self.queues), self.triggers.on_notification, on_listening)
+                listen_for_work(
+                    url, config, set(self.queues), self.triggers.on_notification, on_listening, scheduler.wake
+                )
             ),
             asyncio.create_task(heartbeat_loop(self, writer, every)),
             asyncio.create_task(self.isolation.watch(lambda: writer.last_ok, every)),
             asyncio.create_task(reaper_loop(reaper)),
+            asyncio.create_task(scheduler_loop(scheduler)),
         ]
-        self._closers = [writer.close, reaper.close]
+        self._closers = [writer.close, reaper.close, scheduler.close]
         try:
             await asyncio.wait_for(listening.wait(), config.broker.connect_timeout_s)
         except TimeoutError:

@@ -1,4 +1,5 @@
-"""LISTEN for new work and wake the claim loop; reconnect with backoff when the connection drops."""
+"""LISTEN for new work and schedule changes, and wake the claim loop or the scheduler;
+reconnect with backoff when the connection drops."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ async def listen_for_work(
     queues: set[str],
     on_work: Callable[[float | None], None],
     on_connected: Callable[[], None],
+    on_schedules: Callable[[], None],
 ) -> None:
-    """Call ``on_work(seconds_until_due)`` for every notification about one of ``queues``.
+    """Call ``on_work(seconds_until_due)`` for every notification of new work on one of
+    ``queues``, and ``on_schedules()`` for every change to a schedule of one of them.
 
     Runs until cancelled. After every (re)connection ``on_connected`` is called,
     since notifications sent while disconnected are lost.
@@ -33,11 +36,16 @@ async def listen_for_work(
             conn = await connect_worker_async(url, config, "listener")
             async with conn:
                 await notifications.listen_async(conn, notifications.WORK_CHANNEL)
+                await notifications.listen_async(conn, notifications.SCHEDULES_CHANNEL)
                 backoff = 0.1
                 on_connected()
                 async for note in conn.notifies():
                     queue, _, run_at = note.payload.partition(" ")
-                    if queue in queues:
+                    if queue not in queues:
+                        continue
+                    if note.channel == notifications.SCHEDULES_CHANNEL:
+                        on_schedules()
+                    else:
                         on_work(_seconds_until(run_at))
         except asyncio.CancelledError:
             raise

@@ -1,0 +1,149 @@
+"""The scheduler: sends each periodic task's slots, in every worker, exactly once per slot.
+
+At start it stores the schedules the worker's code declares for its queues (periodic.
+sync_declared). Then each tick, in one transaction: lock the live schedules of its queues
+whose next slot has come, send their due slots by the catch-up and overlap rules, move
+their cursors on, and read when the next slot comes; it sleeps until then. Every worker
+runs one: no leader. Workers reaching a slot together take turns on the schedule's row
+lock, and the second finds it no longer due; the unique index on (schedule, slot) is
+the last word if anything else slips through.
+
+It wakes early when a schedule of its queues is declared, paused or resumed (NOTIFY
+'tether_schedules', through the work listener), and looks at least every check interval
+whatever it was told: nothing depends on a notification arriving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from tether.broker import schedules
+from tether.broker.schedules import DueSchedule
+from tether.broker.types import Conn, DatabaseError
+from tether.config import AppConfig
+from tether.cron import Cron
+from tether.db.connection import connect_worker
+from tether.ids import new_task_ids
+from tether.periodic import Schedule, plan_slots, sync_declared
+from tether.result import TaskStatus
+
+log = logging.getLogger("tether.scheduler")
+
+# Slots are due from their instant on: wake a little after it, never before.
+AFTER_DUE_S = 0.002
+_UNFINISHED = {TaskStatus.PENDING.value, TaskStatus.CLAIMED.value, TaskStatus.RUNNING.value}
+
+
+class Scheduler:
+    def __init__(
+        self, url: str, config: AppConfig, queues: Sequence[str], declared: Sequence[Schedule]
+    ) -> None:
+        self.url = url
+        self.config = config
+        self.queues = list(queues)
+        self.declared = list(declared)
+        self.max_sleep_s = config.recovery.check_interval_ms / 1000
+        self.woken = asyncio.Event()
+        self._conn: Conn | None = None
+        self._synced = False
+        self._crons: dict[tuple[str, str], Cron] = {}
+
+    def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect_worker(self.url, self.config, "scheduler")
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def wake(self) -> None:
+        """A schedule of these queues changed: look now (thread-safe from the event loop only)."""
+        self.woken.set()
+
+    def tick(self) -> float:
+        """Send what is due; the seconds until the next slot (at most the check interval)."""
+        conn = self._connection()
+        if not self._synced:
+            sync_declared(conn, self.declared, self.queues)
+            self._synced = True
+        with conn.transaction():
+            for due in schedules.lock_due_schedules(conn, self.queues):
+                self._send_due(conn, due)
+            wait = schedules.next_slot_in(conn, self.queues)
+        if wait is None:
+            return self.max_sleep_s
+        return min(self.max_sleep_s, max(0.0, wait) + AFTER_DUE_S)
+
+    def _cron(self, expression: str, timezone: str) -> Cron:
+        key = (expression, timezone)
+        if key not in self._crons:
+            self._crons[key] = Cron(expression, timezone)
+        return self._crons[key]
+
+    def _send_due(self, conn: Conn, due: DueSchedule) -> None:
+        d = due.definition
+        cron = self._cron(d.cron, d.timezone)
+        after = max(due.slots_after, due.last_slot) if due.last_slot is not None else due.slots_after
+        plan = plan_slots(cron, after, due.now, d.catch_up)
+        send, skipped_by_overlap = plan.send, 0
+        if send and d.overlap == "skip" and due.last_status in _UNFINISHED:
+            log.warning(
+                "schedule %s: slot %s skipped: the task of its previous slot is still %s (overlap='skip')",
+                d.name,
+                _local(cron, send[-1]),
+                due.last_status,
+            )
+            send, skipped_by_overlap = [], len(send)
+        sent: list[tuple[UUID, datetime]] = []
+        if send:
+            sent = schedules.insert_slot_tasks(conn, d, new_task_ids(len(send)), send)
+        if plan.skipped:
+            log.warning(
+                "schedule %s: %s%d missed slot(s) up to %s not sent (catch_up=%r)%s",
+                d.name,
+                "at least " if plan.more_skipped else "",
+                plan.skipped,
+                _local(cron, plan.last_slot) if plan.last_slot else "-",
+                d.catch_up,
+                f"; sent the {len(send)} most recent" if d.catch_up == "all" else "",
+            )
+        for task_id, slot in sent:
+            log.info(
+                "schedule %s: slot %s sent as task %s (%s)", d.name, _local(cron, slot), task_id, d.task_name
+            )
+        schedules.advance_schedule(
+            conn,
+            d.name,
+            last_slot=plan.last_slot,
+            next_slot=plan.next_slot,
+            last_task_id=sent[-1][0] if sent else None,
+            sent=len(sent),
+            skipped=plan.skipped + skipped_by_overlap,
+        )
+
+
+def _local(cron: Cron, slot: datetime) -> str:
+    return slot.astimezone(cron.tz).isoformat()
+
+
+async def scheduler_loop(scheduler: Scheduler) -> None:
+    backoff = 0.5
+    while True:
+        scheduler.woken.clear()
+        try:
+            wait = await asyncio.to_thread(scheduler.tick)
+            backoff = 0.5
+        except DatabaseError as exc:
+            scheduler.close()
+            log.error("scheduler tick failed: %s; next try in %.1fs", exc, backoff)
+            wait = backoff
+            backoff = min(backoff * 2, scheduler.max_sleep_s)
+        # Until the next slot (or the check interval) comes, or a schedule changes.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(scheduler.woken.wait(), wait)
