@@ -114,7 +114,7 @@ class Scheduler:
                 f"; sent the {len(send)} most recent" if d.catch_up == "all" else "",
             )
         for task_id, slot in sent:
-            log.info(
+            log.debug(
                 "schedule %s: slot %s sent as task %s (%s)", d.name, _local(cron, slot), task_id, d.task_name
             )
         schedules.advance_schedule(
