@@ -138,15 +138,24 @@ class WorkerFactory:
         self.tmp = tmp
         self.started: list[WorkerProcess] = []
 
-    def start(self, app_path: str = "tests.apps.basic:app", *args: str, wait: bool = True,
-              env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        self,
+        app_path: str = "tests.apps.basic:app",
+        *args: str,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
         worker = WorkerProcess(
             app_path,
             self.database_url,
             self.tmp / f"worker-{len(self.started)}.log",
             args=args,
-            env={**os.environ, "TETHER_DATABASE_URL": self.database_url, "PYTHONUNBUFFERED": "1",
-                 **(env or {})},
+            env={
+                **os.environ,
+                "TETHER_DATABASE_URL": self.database_url,
+                "PYTHONUNBUFFERED": "1",
+                **(env or {}),
+            },
             log_level="INFO",
         ).start()
         self.started.append(worker)

@@ -49,6 +49,8 @@ class TaskInfo:
     progress_at: datetime | None
     result: TaskResult[Any, TaskError] | None
     attempts: tuple[AttemptInfo, ...]
+    schedule_name: str | None = None  # sent by this schedule (app.periodic) ...
+    schedule_slot: datetime | None = None  # ... for this slot (UTC); None for other tasks
 
 
 def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | None:
@@ -195,4 +197,6 @@ def _info(row: tasks.TaskRow, attempts: list[AttemptInfo]) -> TaskInfo:
         progress_at=row.progress_at,
         result=result_from_row(row.status, row.result),
         attempts=tuple(attempts),
+        schedule_name=row.schedule_name,
+        schedule_slot=row.schedule_slot,
     )

@@ -110,9 +110,11 @@ def boom(message: str) -> TaskResult[None, TaskError]:
 def flaky(token: str, fail_times: int) -> TaskResult[int, TaskError]:
     """Fails with TRANSIENT the first ``fail_times`` runs (counted in the ledger)."""
     ledger(token)
-    row = _ledger_connection().execute(
-        "SELECT count(*) FROM tether_test_ledger WHERE token = %s", (token,)
-    ).fetchone()
+    row = (
+        _ledger_connection()
+        .execute("SELECT count(*) FROM tether_test_ledger WHERE token = %s", (token,))
+        .fetchone()
+    )
     runs = row[0] if row else 0
     if runs <= fail_times:
         return TaskResult(err=TaskError("TRANSIENT", f"run {runs} fails"))

@@ -56,10 +56,6 @@ def token() -> str:
     return uuid.uuid4().hex
 
 
-
-
-
-
 def ledger_pids(conn: Conn, tok: str) -> list[int]:
     rows = conn.execute("SELECT pid FROM tether_test_ledger WHERE token = %s ORDER BY at", (tok,)).fetchall()
     return [r["pid"] for r in rows]

@@ -193,9 +193,13 @@ def test_task_definitions_refused_at_decoration(database_url: str) -> None:
 
 
 def test_unreachable_database_names_the_masked_url() -> None:
-    app = Tether(AppConfig(broker=PostgresConfig(
-        database_url="postgresql://bob:secret@127.0.0.1:1/nope", connect_timeout_s=1
-    )))
+    app = Tether(
+        AppConfig(
+            broker=PostgresConfig(
+                database_url="postgresql://bob:secret@127.0.0.1:1/nope", connect_timeout_s=1
+            )
+        )
+    )
 
     @app.task("ping")
     def ping() -> TaskResult[None, TaskError]:

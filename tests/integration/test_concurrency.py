@@ -43,27 +43,31 @@ def test_three_workers_run_2000_tasks_exactly_once(
 
     by_status = db.execute(
         "SELECT status, count(*) AS n, min(attempt) AS lo, max(attempt) AS hi FROM tether_tasks "
-        "WHERE id = ANY(%s) GROUP BY status", (ids,)
+        "WHERE id = ANY(%s) GROUP BY status",
+        (ids,),
     ).fetchall()
     assert by_status == [{"status": "COMPLETED", "n": N_TASKS, "lo": 1, "hi": 1}]
 
     ledger = db.execute(
         "SELECT count(*) AS runs, count(DISTINCT token) AS tokens FROM tether_test_ledger "
-        "WHERE token LIKE %s", (prefix + "-%",)
+        "WHERE token LIKE %s",
+        (prefix + "-%",),
     ).fetchone()
     assert ledger == {"runs": N_TASKS, "tokens": N_TASKS}  # none lost, none ran twice
 
     attempts = db.execute(
         "SELECT count(*) AS n, count(DISTINCT task_id) AS tasks, "
         "count(*) FILTER (WHERE outcome = 'COMPLETED' AND attempt = 1) AS good "
-        "FROM tether_task_attempts WHERE task_id = ANY(%s)", (ids,)
+        "FROM tether_task_attempts WHERE task_id = ANY(%s)",
+        (ids,),
     ).fetchone()
     assert attempts == {"n": N_TASKS, "tasks": N_TASKS, "good": N_TASKS}
 
     # The results are each task's own, and the work was shared by all the workers.
     mismatched = db.execute(
         "SELECT count(*) AS n FROM tether_tasks WHERE id = ANY(%s) AND result <> jsonb_build_object("
-        "'ok', args->>0)", (ids,)
+        "'ok', args->>0)",
+        (ids,),
     ).fetchone()
     assert mismatched == {"n": 0}
     owners = {

@@ -289,9 +289,7 @@ def test_non_empty_foreign_dir_raises(base: Path) -> None:
     assert (data_dir / "notes.txt").read_text() == "mine"
 
 
-def test_a_private_parent_of_the_data_dir_is_never_loosened(
-    base: Path, reap: Callable[[Path], Path]
-) -> None:
+def test_a_private_parent_of_the_data_dir_is_never_loosened(base: Path, reap: Callable[[Path], Path]) -> None:
     """As root the server runs as another user, who cannot enter a 0700 folder: refused with a
     clear error. As an ordinary user the server runs as that user: it starts. Either way the
     folder keeps its mode."""

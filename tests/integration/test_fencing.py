@@ -64,7 +64,8 @@ def requeue(db: psycopg.Connection[Any], task_id: str) -> None:
 
 def lost_warnings(caplog: pytest.LogCaptureFixture, task_id: str) -> list[str]:
     return [
-        r.getMessage() for r in caplog.records
+        r.getMessage()
+        for r in caplog.records
         if r.levelno == logging.WARNING and "lost task" in r.getMessage() and task_id in r.getMessage()
     ]
 
@@ -104,7 +105,9 @@ def test_a_zombie_cannot_record_over_the_new_attempt(
 
 
 def test_the_attempt_number_fences_the_same_worker_too(
-    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+    db: psycopg.Connection[Any],
+    basic: ModuleType,
+    recorders: tuple[Recorder, Recorder],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     rec_a, _ = recorders
@@ -124,7 +127,9 @@ def test_the_attempt_number_fences_the_same_worker_too(
 
 
 def test_a_lost_outcome_does_not_stop_the_next_task_starting(
-    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+    db: psycopg.Connection[Any],
+    basic: ModuleType,
+    recorders: tuple[Recorder, Recorder],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The child records an outcome and starts its next task in one transaction.
@@ -146,7 +151,9 @@ def test_a_lost_outcome_does_not_stop_the_next_task_starting(
 
 
 def test_start_after_losing_the_claim_is_refused(
-    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+    db: psycopg.Connection[Any],
+    basic: ModuleType,
+    recorders: tuple[Recorder, Recorder],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     rec_a, rec_b = recorders
@@ -169,7 +176,9 @@ def test_start_after_losing_the_claim_is_refused(
 
 
 def test_a_cancelled_claimed_task_cannot_start(
-    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+    db: psycopg.Connection[Any],
+    basic: ModuleType,
+    recorders: tuple[Recorder, Recorder],
 ) -> None:
     rec_a, _ = recorders
     handle = basic.add.send(1, 2)
@@ -189,7 +198,9 @@ def test_a_cancelled_claimed_task_cannot_start(
 
 
 def test_releasing_a_stale_claim_leaves_the_newer_claim_alone(
-    db: psycopg.Connection[Any], basic: ModuleType, recorders: tuple[Recorder, Recorder],
+    db: psycopg.Connection[Any],
+    basic: ModuleType,
+    recorders: tuple[Recorder, Recorder],
 ) -> None:
     # Release (graceful shutdown, a child that died before starting) is a transition too:
     # it must present the attempt it holds, like every other fenced write.

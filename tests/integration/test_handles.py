@@ -91,14 +91,19 @@ def test_async_api_in_successive_event_loops(database_url: str, db: psycopg.Conn
         print("done")
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=30,
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     assert count_tasks(db) == 37
 
 
-def test_info_reports_the_row_and_its_attempts(basic: ModuleType, worker: WorkerProcess,
-                                               db: psycopg.Connection[Any]) -> None:
+def test_info_reports_the_row_and_its_attempts(
+    basic: ModuleType, worker: WorkerProcess, db: psycopg.Connection[Any]
+) -> None:
     tok = uuid.uuid4().hex
     handle = basic.flaky.send(tok, 1)
     # A worker is running: it may already have claimed the task (pickup takes ms), or its

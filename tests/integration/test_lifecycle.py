@@ -79,8 +79,18 @@ def test_send_creates_a_pending_row(basic: ModuleType, conn: psycopg.Connection[
     assert row["attempt"] == 0 and row["retry_count"] == 0 and row["max_retries"] == 0
     assert before <= row["sent_at"] <= after
     assert row["enqueued_at"] == row["sent_at"] == row["run_at"]
-    for column in ("claimed_at", "started_at", "completed_at", "failed_at", "cancelled_at",
-                   "expired_at", "next_retry_at", "claimed_by_worker_id", "result", "error_code"):
+    for column in (
+        "claimed_at",
+        "started_at",
+        "completed_at",
+        "failed_at",
+        "cancelled_at",
+        "expired_at",
+        "next_retry_at",
+        "claimed_by_worker_id",
+        "result",
+        "error_code",
+    ):
         assert row[column] is None, column
     assert attempt_rows(conn, handle.id) == []
     assert handle.status() is TaskStatus.PENDING
@@ -234,7 +244,8 @@ def test_next_retry_at_while_waiting_for_a_retry(
     tok = token()
     handle = basic.retry_later.send(tok)  # fails once, retry in 60 s
     row = wait_until(
-        lambda: (r := task_row(conn, handle.id))["retry_count"] == 1 and r, timeout=WAIT,
+        lambda: (r := task_row(conn, handle.id))["retry_count"] == 1 and r,
+        timeout=WAIT,
         message="the first failure to be recorded",
     )
     assert row["status"] == "PENDING"
@@ -305,9 +316,11 @@ def test_expired_before_any_worker_claimed_it(
     )
     assert task_row(conn, handle.id)["good_until"] is not None
     wait_until(
-        lambda: conn.execute("SELECT now() > good_until AS over FROM tether_tasks WHERE id = %s",
-                             (handle.id,)).fetchone()["over"],
-        timeout=10, message="good_until to pass (database time)",
+        lambda: conn.execute(
+            "SELECT now() > good_until AS over FROM tether_tasks WHERE id = %s", (handle.id,)
+        ).fetchone()["over"],
+        timeout=10,
+        message="good_until to pass (database time)",
     )
     workers.start(APP, "--queues", "low", "--processes", "1", env=FAST_REAPER)
 

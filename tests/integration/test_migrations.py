@@ -38,9 +38,12 @@ def fresh_database(server_url: str) -> Iterator[Callable[[], str]]:
 
 def versions(url: str) -> list[tuple[int, str]]:
     with psycopg.connect(url) as conn:
-        return [(r[0], r[1]) for r in conn.execute(
-            "SELECT version, name FROM tether_schema_version ORDER BY version"
-        ).fetchall()]
+        return [
+            (r[0], r[1])
+            for r in conn.execute(
+                "SELECT version, name FROM tether_schema_version ORDER BY version"
+            ).fetchall()
+        ]
 
 
 def has_table(url: str, table: str) -> bool:
@@ -114,8 +117,9 @@ def test_newer_schema_is_refused(fresh_database: Callable[[], str]) -> None:
     newer = latest_version() + 1
     with psycopg.connect(url, autocommit=True) as conn:
         migrate(conn)
-        conn.execute("INSERT INTO tether_schema_version (version, name) VALUES (%s, 'from_the_future')",
-                     (newer,))
+        conn.execute(
+            "INSERT INTO tether_schema_version (version, name) VALUES (%s, 'from_the_future')", (newer,)
+        )
         for auto in (True, False):
             with pytest.raises(SchemaError) as info:
                 ensure_schema(conn, auto_migrate=auto)

@@ -45,10 +45,6 @@ def flows(database_url: str, db: Conn) -> Iterator[ModuleType]:
     yield load_app_module("flows", database_url)
 
 
-
-
-
-
 def end_task(
     conn: Conn, task_id: Any, status: str, result: Any = None, error_code: str | None = None
 ) -> None:

@@ -74,10 +74,6 @@ def flows(database_url: str, conn: psycopg.Connection[Any]) -> ModuleType:
     return load_app_module("flows", database_url)
 
 
-
-
-
-
 def ledger_counts(conn: psycopg.Connection[Any], prefix: str) -> dict[str, int]:
     """Runs per token for the tokens ``prefix:...`` (one token per step)."""
     rows = conn.execute(

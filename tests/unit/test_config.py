@@ -43,6 +43,7 @@ def _one(field: str, value: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- RecoveryConfig
 
+
 def test_recovery_defaults_match_the_seed() -> None:
     assert RecoveryConfig().model_dump() == {
         "auto_requeue_stale_claimed": True,
@@ -59,10 +60,8 @@ def test_recovery_defaults_match_the_seed() -> None:
 
 
 # Each case moves one value to a bound; the others are chosen so only that rule can fire.
-_FAST: dict[str, Any] = {"claimer_heartbeat_interval_ms": 1_000,
-                         "runner_heartbeat_interval_ms": 1_000}
-_SLOW: dict[str, Any] = {"claimed_stale_threshold_ms": 3_600_000,
-                         "running_stale_threshold_ms": 7_200_000}
+_FAST: dict[str, Any] = {"claimer_heartbeat_interval_ms": 1_000, "runner_heartbeat_interval_ms": 1_000}
+_SLOW: dict[str, Any] = {"claimed_stale_threshold_ms": 3_600_000, "running_stale_threshold_ms": 7_200_000}
 RECOVERY_BOUNDS = [
     ("claimed_stale_threshold_ms", 3_600_001, 3_600_000, {}),
     ("running_stale_threshold_ms", 7_200_001, 7_200_000, {}),
@@ -91,8 +90,7 @@ def test_stale_threshold_lower_bound(threshold: str) -> None:
     # accepted: check that 999 fails the range and 1000 passes it, failing only the 2x rule.
     with pytest.raises(ValidationError) as low:
         RecoveryConfig(**_FAST, **_one(threshold, 999))
-    assert [(e["loc"], e["type"]) for e in low.value.errors()] == [
-        ((threshold,), "greater_than_equal")]
+    assert [(e["loc"], e["type"]) for e in low.value.errors()] == [((threshold,), "greater_than_equal")]
     message = _fails(RecoveryConfig, threshold, **_FAST, **_one(threshold, 1_000))
     assert "must be at least 2 x" in message and "greater than" not in message
     assert getattr(RecoveryConfig(**_FAST, **_one(threshold, 2_000)), threshold) == 2_000
@@ -106,8 +104,7 @@ def test_stale_threshold_lower_bound(threshold: str) -> None:
     ],
 )
 @pytest.mark.parametrize("beat", [1_000, 30_000])
-def test_stale_threshold_must_cover_two_heartbeats(threshold: str, interval: str,
-                                                   beat: int) -> None:
+def test_stale_threshold_must_cover_two_heartbeats(threshold: str, interval: str, beat: int) -> None:
     edge: dict[str, Any] = {interval: beat, threshold: 2 * beat}
     assert getattr(RecoveryConfig(**edge), threshold) == 2 * beat
     message = _fails(RecoveryConfig, threshold, **{**edge, threshold: 2 * beat - 1})
@@ -115,25 +112,34 @@ def test_stale_threshold_must_cover_two_heartbeats(threshold: str, interval: str
 
 
 def test_two_x_message_reads_well() -> None:
-    message = _fails(RecoveryConfig, "running_stale_threshold_ms",
-                     runner_heartbeat_interval_ms=30_000, running_stale_threshold_ms=30_000)
-    assert ("running_stale_threshold_ms (30000) must be at least 2 x "
-            "runner_heartbeat_interval_ms (30000) = 60000") in message
+    message = _fails(
+        RecoveryConfig,
+        "running_stale_threshold_ms",
+        runner_heartbeat_interval_ms=30_000,
+        running_stale_threshold_ms=30_000,
+    )
+    assert (
+        "running_stale_threshold_ms (30000) must be at least 2 x runner_heartbeat_interval_ms (30000) = 60000"
+    ) in message
 
 
-@pytest.mark.parametrize("field", ["heartbeat_retention_hours", "worker_state_retention_hours",
-                                   "terminal_record_retention_hours"])
+@pytest.mark.parametrize(
+    "field", ["heartbeat_retention_hours", "worker_state_retention_hours", "terminal_record_retention_hours"]
+)
 def test_retention_none_disables(field: str) -> None:
     assert getattr(RecoveryConfig(**_one(field, None)), field) is None
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("check_interval_ms", True),
-    ("claimed_stale_threshold_ms", 120_000.5),
-    ("heartbeat_retention_hours", False),
-    ("heartbeat_retention_hours", 1.5),
-    ("check_interval_ms", "thirty"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("check_interval_ms", True),
+        ("claimed_stale_threshold_ms", 120_000.5),
+        ("heartbeat_retention_hours", False),
+        ("heartbeat_retention_hours", 1.5),
+        ("check_interval_ms", "thirty"),
+    ],
+)
 def test_recovery_rejects_bools_fractions_and_junk(field: str, value: Any) -> None:
     _fails(RecoveryConfig, field, **_one(field, value))
 
@@ -176,6 +182,7 @@ def test_invalid_env_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> N
 
 # ---------------------------------------------------------------- PostgresConfig
 
+
 def test_postgres_defaults() -> None:
     config = PostgresConfig()
     assert (config.database_url, config.pool_min_size, config.pool_max_size) == (None, 1, 10)
@@ -183,14 +190,17 @@ def test_postgres_defaults() -> None:
     assert config.masked_url is None
 
 
-@pytest.mark.parametrize(("field", "bad", "good", "others"), [
-    ("pool_min_size", -1, 0, {}),
-    ("pool_min_size", 101, 100, {"pool_max_size": 200}),
-    ("pool_max_size", 0, 1, {"pool_min_size": 0}),
-    ("pool_max_size", 201, 200, {}),
-    ("connect_timeout_s", 0.09, 0.1, {}),
-    ("connect_timeout_s", 300.5, 300, {}),
-])
+@pytest.mark.parametrize(
+    ("field", "bad", "good", "others"),
+    [
+        ("pool_min_size", -1, 0, {}),
+        ("pool_min_size", 101, 100, {"pool_max_size": 200}),
+        ("pool_max_size", 0, 1, {"pool_min_size": 0}),
+        ("pool_max_size", 201, 200, {}),
+        ("connect_timeout_s", 0.09, 0.1, {}),
+        ("connect_timeout_s", 300.5, 300, {}),
+    ],
+)
 def test_postgres_bounds(field: str, bad: float, good: float, others: dict[str, Any]) -> None:
     assert getattr(PostgresConfig(**others, **_one(field, good)), field) == good
     _fails(PostgresConfig, field, **others, **_one(field, bad))
@@ -230,24 +240,32 @@ def test_postgres_url_from_env_and_masking(monkeypatch: pytest.MonkeyPatch) -> N
     assert PostgresConfig().database_url is None
 
 
-@pytest.mark.parametrize(("url", "masked"), [
-    ("postgresql://user:secret@host/db", "postgresql://user:***@host/db"),
-    ("postgresql://user:secret@host:5432/db?sslmode=require",
-     "postgresql://user:***@host:5432/db?sslmode=require"),
-    ("postgresql://host/db?user=u&password=secret&sslmode=require",
-     "postgresql://host/db?user=u&password=***&sslmode=require"),
-    ("postgresql://host/db?PASSWORD=secret", "postgresql://host/db?PASSWORD=***"),
-    ("postgresql://user@host/db", "postgresql://user@host/db"),
-    ("postgresql://host/db", "postgresql://host/db"),
-    ("postgres://u:p%40ss@h1:5432,h2:5433/db", "postgres://u:***@h1:5432,h2:5433/db"),
-    ("postgresql://u:p@ss@host/db", "postgresql://u:***@host/db"),
-    ("host=h user=u password=secret dbname=d", "host=h user=u password=*** dbname=d"),
-])
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("postgresql://user:secret@host/db", "postgresql://user:***@host/db"),
+        (
+            "postgresql://user:secret@host:5432/db?sslmode=require",
+            "postgresql://user:***@host:5432/db?sslmode=require",
+        ),
+        (
+            "postgresql://host/db?user=u&password=secret&sslmode=require",
+            "postgresql://host/db?user=u&password=***&sslmode=require",
+        ),
+        ("postgresql://host/db?PASSWORD=secret", "postgresql://host/db?PASSWORD=***"),
+        ("postgresql://user@host/db", "postgresql://user@host/db"),
+        ("postgresql://host/db", "postgresql://host/db"),
+        ("postgres://u:p%40ss@h1:5432,h2:5433/db", "postgres://u:***@h1:5432,h2:5433/db"),
+        ("postgresql://u:p@ss@host/db", "postgresql://u:***@host/db"),
+        ("host=h user=u password=secret dbname=d", "host=h user=u password=*** dbname=d"),
+    ],
+)
 def test_mask_url(url: str, masked: str) -> None:
     assert mask_url(url) == masked
 
 
 # ---------------------------------------------------------------- WorkerConfig
+
 
 def test_worker_defaults() -> None:
     config = WorkerConfig()
@@ -257,13 +275,21 @@ def test_worker_defaults() -> None:
     assert config.effective_prefetch == 4 * config.processes
 
 
-@pytest.mark.parametrize(("field", "bad", "good"), [
-    ("processes", 0, 1), ("processes", 257, 256),
-    ("prefetch", -1, 0), ("prefetch", 1_001, 1_000),
-    ("poll_interval_ms", 9, 10), ("poll_interval_ms", 60_001, 60_000),
-    ("grace_period_s", -0.1, 0), ("grace_period_s", 86_400.5, 86_400),
-    ("claim_batch_size", 0, 1), ("claim_batch_size", 10_001, 10_000),
-])
+@pytest.mark.parametrize(
+    ("field", "bad", "good"),
+    [
+        ("processes", 0, 1),
+        ("processes", 257, 256),
+        ("prefetch", -1, 0),
+        ("prefetch", 1_001, 1_000),
+        ("poll_interval_ms", 9, 10),
+        ("poll_interval_ms", 60_001, 60_000),
+        ("grace_period_s", -0.1, 0),
+        ("grace_period_s", 86_400.5, 86_400),
+        ("claim_batch_size", 0, 1),
+        ("claim_batch_size", 10_001, 10_000),
+    ],
+)
 def test_worker_bounds(field: str, bad: Any, good: Any) -> None:
     assert getattr(WorkerConfig(**_one(field, good)), field) == good
     _fails(WorkerConfig, field, **_one(field, bad))
@@ -297,41 +323,63 @@ def test_worker_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---------------------------------------------------------------- RetryPolicy
 
+
 def _policy(**kwargs: Any) -> RetryPolicy:
-    base: dict[str, Any] = {"kind": "exponential", "max_retries": 3, "base_seconds": 1,
-                            "auto_retry_for": ["X"]}
+    base: dict[str, Any] = {
+        "kind": "exponential",
+        "max_retries": 3,
+        "base_seconds": 1,
+        "auto_retry_for": ["X"],
+    }
     return RetryPolicy(**{**base, **kwargs})
 
 
 def test_design_example_and_code_normalisation() -> None:
-    policy = RetryPolicy.exponential(base_seconds=5, max_retries=4,
-                                     auto_retry_for=[ErrorCode.WORKER_CRASHED, "TRANSIENT"])
+    policy = RetryPolicy.exponential(
+        base_seconds=5, max_retries=4, auto_retry_for=[ErrorCode.WORKER_CRASHED, "TRANSIENT"]
+    )
     assert policy.auto_retry_for == frozenset({"WORKER_CRASHED", "TRANSIENT"})
     assert all(type(code) is str for code in policy.auto_retry_for)
     assert (policy.max_seconds, policy.jitter) == (3_600, 0.1)
     assert RetryPolicy.fixed(2, max_retries=1, auto_retry_for="ONE").auto_retry_for == {"ONE"}
-    assert RetryPolicy.fixed(2, max_retries=1, auto_retry_for=(c for c in ["A", "B"])
-                             ).auto_retry_for == {"A", "B"}
+    assert RetryPolicy.fixed(2, max_retries=1, auto_retry_for=(c for c in ["A", "B"])).auto_retry_for == {
+        "A",
+        "B",
+    }
 
 
 _WIDE: dict[str, Any] = {"max_seconds": 7 * 86_400}
 
 
-@pytest.mark.parametrize(("field", "bad", "good", "others"), [
-    ("max_retries", -1, 0, {}), ("max_retries", 1_001, 1_000, {}),
-    ("base_seconds", 0, 0.001, {}), ("base_seconds", 86_400.5, 86_400, _WIDE),
-    ("max_seconds", 0, 1, {}), ("max_seconds", 7 * 86_400 + 1, 7 * 86_400, {}),
-    ("jitter", -0.01, 0, {}), ("jitter", 1.01, 1, {}),
-])
+@pytest.mark.parametrize(
+    ("field", "bad", "good", "others"),
+    [
+        ("max_retries", -1, 0, {}),
+        ("max_retries", 1_001, 1_000, {}),
+        ("base_seconds", 0, 0.001, {}),
+        ("base_seconds", 86_400.5, 86_400, _WIDE),
+        ("max_seconds", 0, 1, {}),
+        ("max_seconds", 7 * 86_400 + 1, 7 * 86_400, {}),
+        ("jitter", -0.01, 0, {}),
+        ("jitter", 1.01, 1, {}),
+    ],
+)
 def test_retry_bounds(field: str, bad: float, good: float, others: dict[str, Any]) -> None:
     assert getattr(_policy(**others, **_one(field, good)), field) == good
     _fails(_policy, field, **others, **_one(field, bad))
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_retries", True), ("max_retries", 2.5), ("base_seconds", float("nan")),
-    ("base_seconds", float("inf")), ("jitter", True), ("kind", "linear"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_retries", True),
+        ("max_retries", 2.5),
+        ("base_seconds", float("nan")),
+        ("base_seconds", float("inf")),
+        ("jitter", True),
+        ("kind", "linear"),
+    ],
+)
 def test_retry_rejects_wrong_types(field: str, value: Any) -> None:
     _fails(_policy, field, **_one(field, value))
 
@@ -360,8 +408,7 @@ def test_fixed_delay() -> None:
 
 
 def test_exponential_growth_and_cap() -> None:
-    policy = RetryPolicy.exponential(2, max_retries=20, auto_retry_for=["X"], max_seconds=100,
-                                     jitter=0)
+    policy = RetryPolicy.exponential(2, max_retries=20, auto_retry_for=["X"], max_seconds=100, jitter=0)
     assert [policy.delay_seconds(n) for n in range(1, 9)] == [2, 4, 8, 16, 32, 64, 100, 100]
     assert policy.delay_seconds(10**6) == 100  # 2**n past float range still means the cap
 
@@ -407,12 +454,18 @@ def test_should_retry_edges() -> None:
 def test_json_round_trip() -> None:
     import json
 
-    policy = RetryPolicy.exponential(3, max_retries=4, max_seconds=60, jitter=0.2,
-                                     auto_retry_for=[ErrorCode.WORKER_CRASHED, "B", "A"])
+    policy = RetryPolicy.exponential(
+        3, max_retries=4, max_seconds=60, jitter=0.2, auto_retry_for=[ErrorCode.WORKER_CRASHED, "B", "A"]
+    )
     data = json.loads(json.dumps(policy.to_json()))  # what a row actually stores
-    assert data == {"kind": "exponential", "max_retries": 4, "base_seconds": 3.0,
-                    "max_seconds": 60.0, "jitter": 0.2,
-                    "auto_retry_for": ["A", "B", "WORKER_CRASHED"]}
+    assert data == {
+        "kind": "exponential",
+        "max_retries": 4,
+        "base_seconds": 3.0,
+        "max_seconds": 60.0,
+        "jitter": 0.2,
+        "auto_retry_for": ["A", "B", "WORKER_CRASHED"],
+    }
     assert RetryPolicy.from_json(data) == policy
     fixed = RetryPolicy.fixed(7_200, max_retries=1, auto_retry_for=["X"], jitter=0)
     assert RetryPolicy.from_json(fixed.to_json()) == fixed
@@ -429,6 +482,7 @@ def test_retry_policy_is_frozen_and_hashable() -> None:
 
 # ---------------------------------------------------------------- AppConfig
 
+
 def test_app_config_defaults() -> None:
     config = AppConfig()
     assert config.broker.database_url is None  # embedded server
@@ -437,25 +491,31 @@ def test_app_config_defaults() -> None:
     assert config.recovery == RecoveryConfig() and config.worker == WorkerConfig()
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"queues": []}, "queues"),
-    ({"queues": ["default", "default"]}, "queues"),
-    ({"queues": ["default", "no spaces"]}, "queues"),
-    ({"queues": ["default", "q" * 65]}, "queues"),
-    ({"queues": ["a", "b"]}, "default_queue"),
-    ({"default_queue": "other"}, "default_queue"),
-    ({"result_poll_interval_ms": 9}, "result_poll_interval_ms"),
-    ({"result_poll_interval_ms": 60_001}, "result_poll_interval_ms"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"queues": []}, "queues"),
+        ({"queues": ["default", "default"]}, "queues"),
+        ({"queues": ["default", "no spaces"]}, "queues"),
+        ({"queues": ["default", "q" * 65]}, "queues"),
+        ({"queues": ["a", "b"]}, "default_queue"),
+        ({"default_queue": "other"}, "default_queue"),
+        ({"result_poll_interval_ms": 9}, "result_poll_interval_ms"),
+        ({"result_poll_interval_ms": 60_001}, "result_poll_interval_ms"),
+    ],
+)
 def test_app_config_rejected(kwargs: dict[str, Any], field: str) -> None:
     _fails(AppConfig, field, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"queues": ["a", "b.c:d-e_f", "q" * 64], "default_queue": "b.c:d-e_f"},
-    {"result_poll_interval_ms": 10},
-    {"result_poll_interval_ms": 60_000},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"queues": ["a", "b.c:d-e_f", "q" * 64], "default_queue": "b.c:d-e_f"},
+        {"result_poll_interval_ms": 10},
+        {"result_poll_interval_ms": 60_000},
+    ],
+)
 def test_app_config_accepted(kwargs: dict[str, Any]) -> None:
     config = AppConfig(**kwargs)
     assert all(getattr(config, k) == v for k, v in kwargs.items())
@@ -464,8 +524,12 @@ def test_app_config_accepted(kwargs: dict[str, Any]) -> None:
 def test_worker_queues_must_be_declared() -> None:
     ok = AppConfig(queues=["default", "images"], worker=WorkerConfig(queues=["images"]))
     assert ok.worker.queues == ["images"]
-    message = _fails(AppConfig, "worker.queues", queues=["default", "images"],
-                     worker=WorkerConfig(queues=["images", "video", "audio"]))
+    message = _fails(
+        AppConfig,
+        "worker.queues",
+        queues=["default", "images"],
+        worker=WorkerConfig(queues=["images", "video", "audio"]),
+    )
     assert "'video'" in message and "'audio'" in message and "'images'" in message
 
 
@@ -481,8 +545,7 @@ def test_app_config_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.auto_migrate is False and config.worker.queues == ["images"]
     assert config.broker.database_url == "postgresql://h/db"
     assert config.recovery.check_interval_ms == 2_000
-    assert AppConfig(queues=["x"], default_queue="x", worker=WorkerConfig(queues=None)
-                     ).queues == ["x"]
+    assert AppConfig(queues=["x"], default_queue="x", worker=WorkerConfig(queues=None)).queues == ["x"]
 
 
 def test_nested_dicts_still_read_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,8 @@ class TaskRow:
     claimed_by_worker_id: str | None
     progress: Any
     progress_at: datetime | None
+    schedule_name: str | None  # a periodic task's schedule, and the slot it was sent for
+    schedule_slot: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import sys
 import click
 
 from tether.app import Tether
-from tether.cli import dashboard, demo, migrate, recovery, status, tasks, workers, workflows
+from tether.cli import dashboard, demo, migrate, recovery, schedules, status, tasks, workers, workflows
 from tether.config import AppConfig
 from tether.errors import TetherError
 
@@ -42,6 +42,7 @@ for command in (
     demo.demo,
     workflows.workflows,
     workflows.workflow,
+    schedules.schedules,
 ):
     cli.add_command(command)
 

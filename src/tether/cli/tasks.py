@@ -38,6 +38,8 @@ TASK_FIELDS = (
     "result",
     "progress",
     "progress_at",
+    "schedule_name",
+    "schedule_slot",
 )
 
 

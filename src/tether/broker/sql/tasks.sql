@@ -54,7 +54,8 @@ HAVING min(run_at) > now() OR tether_work_is_awaited(queue);
 SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,
        retry_count, max_retries, retry_policy, good_until, run_at, sent_at, enqueued_at,
        claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
-       next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at
+       next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at,
+       schedule_name, schedule_slot
 FROM tether_tasks WHERE id = %(id)s;
 
 -- name: get_status
