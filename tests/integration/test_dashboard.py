@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import REPO, WorkerFactory
 from tether import PostgresConfig, RecoveryConfig
 from tether.broker import PostgresBroker
+from tether.periodic import sync_declared
 from tether.web import dashboard
 from tether.web.dashboard import DashboardServer
 
@@ -69,6 +70,32 @@ def test_the_status_json_shows_queues_workers_and_failures(basic: ModuleType, wo
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_status_json_lists_the_schedules(basic: ModuleType) -> None:
+    schedule = basic.app.periodic(
+        "*/5 * * * *", basic.add, name="add-5m", args=(1, 2), timezone="Europe/Berlin"
+    )
+    try:
+        with basic.app.broker.connection() as conn:
+            sync_declared(conn, [schedule], ["default"])  # what a starting worker does
+        assert basic.app.pause_schedule("add-5m")
+        server = serve(basic.app.broker)
+        try:
+            [shown] = json.loads(get(server.url + "api/status")[2])["schedules"]
+            assert (shown["name"], shown["task_name"], shown["cron"], shown["timezone"]) == (
+                "add-5m",
+                "add",
+                "*/5 * * * *",
+                "Europe/Berlin",
+            )
+            assert shown["paused"] is True and shown["next_slot"] is not None and shown["slots_sent"] == 0
+            assert b'id="schedules"' in get(server.url)[2]
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        basic.app.schedules.clear()
 
 
 def test_pages_open_at_once_share_one_read_of_the_database(

@@ -25,7 +25,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.broker import recovery, tasks, workers
+from tether.broker import recovery, schedules, tasks, workers
 from tether.broker.tasks import Failure, QueueCount
 from tether.broker.workers import WorkerSummary
 from tether.config import PostgresConfig
@@ -47,6 +47,7 @@ class StatusSnapshot:
     stale_tasks: list[recovery.StaleTask]  # RUNNING, no runner heartbeat past the threshold
     running_stale_threshold_s: float
     recent_failures: list[Failure] | None  # None unless asked for
+    schedules: list[schedules.ScheduleInfo] | None = None  # None unless asked for
 
 
 class PostgresBroker:
@@ -159,14 +160,18 @@ class PostgresBroker:
     # -- manual recovery (operators) ------------------------------------------
     # Async as in the seed documents, with sync twins; each uses the reaper's rules.
 
-    def status_snapshot(self, running_stale_threshold_ms: int, *, failures: int = 0) -> StatusSnapshot:
-        """What `tether status` shows (and the dashboard, with the latest ``failures`` failures)."""
+    def status_snapshot(
+        self, running_stale_threshold_ms: int, *, failures: int = 0, with_schedules: bool = False
+    ) -> StatusSnapshot:
+        """What `tether status` shows (and the dashboard, with the latest ``failures`` failures
+        and the schedules of periodic tasks)."""
         return StatusSnapshot(
             counts=self.run(tasks.count_by_queue_status),
             workers=self.run(lambda c: workers.list_workers(c, include_inactive=False, limit=100)),
             stale_tasks=self.get_stale_tasks_sync(running_stale_threshold_ms / 60_000),
             running_stale_threshold_s=running_stale_threshold_ms / 1000,
             recent_failures=self.run(lambda c: tasks.recent_failures(c, failures)) if failures else None,
+            schedules=self.run(schedules.list_schedules) if with_schedules else None,
         )
 
     def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[recovery.StaleTask]:

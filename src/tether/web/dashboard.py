@@ -50,7 +50,7 @@ class DashboardServer(ThreadingHTTPServer):
             if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_MAX_AGE_S:
                 return self._cached[1]
             snapshot = self.broker.status_snapshot(
-                self.recovery.running_stale_threshold_ms, failures=RECENT_FAILURES
+                self.recovery.running_stale_threshold_ms, failures=RECENT_FAILURES, with_schedules=True
             )
             shown = {**dataclasses.asdict(snapshot), "generated_at": datetime.now(UTC)}
             body = json.dumps(shown, default=str).encode()
