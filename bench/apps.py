@@ -2,6 +2,8 @@
 
 Two tasks: ``noop`` (returns at once) and ``hold(seconds)`` (sleeps: the long task the
 recovery scenarios kill; no retry policy, so a crash FAILS it with WORKER_CRASHED).
+With TETHER_BENCH_SCHEDULE set (a cron expression), the app also sends ``noop`` by that
+schedule, named "bench" (the periodic_lateness scenario).
 
 The worker's copy reads its database from TETHER_DATABASE_URL (set by the
 benchmark for the worker subprocess). Building a Tether opens nothing, so
@@ -10,6 +12,7 @@ importing this module is free.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -26,6 +29,9 @@ def _register(app: Tether) -> Tether:
         time.sleep(seconds)
         return TaskResult(ok=None)
 
+    schedule = os.environ.get("TETHER_BENCH_SCHEDULE")
+    if schedule:
+        app.periodic(schedule, noop, name="bench")
     return app
 
 

@@ -33,12 +33,13 @@ from tests.harness import REPO
 
 from bench.apps import make_app
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
+from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
 from bench.workflows import WORKFLOW_SCENARIOS
 
 BUSY_WARNING = 15.0
-SCENARIOS = {**CORE_SCENARIOS, **RECOVERY_SCENARIOS, **WORKFLOW_SCENARIOS}
+SCENARIOS = {**CORE_SCENARIOS, **RECOVERY_SCENARIOS, **WORKFLOW_SCENARIOS, **PERIODIC_SCENARIOS}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

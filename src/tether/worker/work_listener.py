@@ -35,8 +35,7 @@ async def listen_for_work(
         try:
             conn = await connect_worker_async(url, config, "listener")
             async with conn:
-                await notifications.listen_async(conn, notifications.WORK_CHANNEL)
-                await notifications.listen_async(conn, notifications.SCHEDULES_CHANNEL)
+                await notifications.listen_worker_async(conn)
                 backoff = 0.1
                 on_connected()
                 async for note in conn.notifies():
