@@ -1,4 +1,4 @@
--- tether schema, version 6: periodic tasks (docs/periodic.md).
+-- tether schema, version 7: periodic tasks (docs/periodic.md).
 --
 -- One row per schedule declared in code (app.periodic). Workers write the rows
 -- at start (for the queues they serve) and send each slot's task from them, so
