@@ -34,11 +34,13 @@ def test_a_unique_task_keeps_its_key_through_a_worker_kill_and_its_retry(
     first = hold_retry.send(tok, 60, 1.0)  # 60 s on its first run (killed), 1 s on the retry
     doomed = hold.send(tok_fail, 60)  # no retry policy: FAILED with WORKER_CRASHED
     wait_until(
-        lambda: all(
-            (r := task_row(db, h.id))["status"] == "RUNNING" and r["claimed_by_worker_id"] == a.worker_id
-            for h in (first, doomed)
-        )
-        and last_heartbeat(db, first.id, "runner") is not None,
+        lambda: (
+            all(
+                (r := task_row(db, h.id))["status"] == "RUNNING" and r["claimed_by_worker_id"] == a.worker_id
+                for h in (first, doomed)
+            )
+            and last_heartbeat(db, first.id, "runner") is not None
+        ),
         message="A to run both unique tasks, with a runner heartbeat",
     )
     b = workers.start(APP, "--processes", "2", env=FAST)

@@ -87,7 +87,9 @@ def test_a_second_send_returns_the_first_task_while_it_is_pending(db: Conn, basi
     assert task_count(db) == 3
 
 
-def test_the_key_is_free_again_once_its_task_ends(db: Conn, basic: ModuleType, workers: WorkerFactory) -> None:
+def test_the_key_is_free_again_once_its_task_ends(
+    db: Conn, basic: ModuleType, workers: WorkerFactory
+) -> None:
     record = basic.app.tasks["record"].with_options(unique_key="k-end")
     first = record.send(tok := token())
     workers.start(APP, "--queues", "default")
@@ -101,7 +103,9 @@ def test_the_key_is_free_again_once_its_task_ends(db: Conn, basic: ModuleType, w
     assert runs(db, tok) == 1 and runs(db, tok2) == 1
 
 
-def test_cancelled_and_failed_tasks_free_their_key(db: Conn, basic: ModuleType, workers: WorkerFactory) -> None:
+def test_cancelled_and_failed_tasks_free_their_key(
+    db: Conn, basic: ModuleType, workers: WorkerFactory
+) -> None:
     record = basic.app.tasks["record"].with_options(unique_key="k-cancel", queue="low")
     first = record.send("x")
     assert first.cancel()
@@ -154,7 +158,8 @@ def _race(database_url: str, key: str) -> list[tuple[str, bool]]:
     barrier = ctx.Barrier(PRODUCERS)
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_producer, args=(database_url, key, SENDS_EACH, barrier, out)) for _ in range(PRODUCERS)
+        ctx.Process(target=_producer, args=(database_url, key, SENDS_EACH, barrier, out))
+        for _ in range(PRODUCERS)
     ]
     results: list[tuple[str, bool]] = []
     try:
@@ -336,8 +341,68 @@ def test_a_live_task_holds_its_key_past_the_window(db: Conn, basic: ModuleType) 
     first = record.send("a")
     sent_at = task_row(db, first.id)["sent_at"]
     wait_until(
-        lambda: (r := db.execute("SELECT now() AS now").fetchone()) is not None
-        and r["now"] > sent_at + timedelta(seconds=0.5),
+        lambda: (
+            (r := db.execute("SELECT now() AS now").fetchone()) is not None
+            and r["now"] > sent_at + timedelta(seconds=0.5)
+        ),
         message="the window to pass",
     )
     assert record.send("b").id == first.id
+
+
+# -- workflows -----------------------------------------------------------------------------------
+
+
+def step_rows(db: Conn, workflow_id: Any) -> dict[str, dict[str, Any]]:
+    rows = db.execute(
+        "SELECT * FROM tether_workflow_tasks WHERE workflow_id = %s ORDER BY node", (workflow_id,)
+    ).fetchall()
+    return {r["node_name"]: dict(r) for r in rows}
+
+
+def test_a_workflow_step_holds_its_key_and_a_second_workflow_s_step_is_refused(
+    db: Conn, basic: ModuleType, database_url: str, workers: WorkerFactory
+) -> None:
+    from tests.apps.support import load_app_module
+
+    flows = load_app_module("flows", database_url)
+    number, add = flows.app.tasks["wf.number"], flows.app.tasks["wf.add"]
+    key = f"wf-{token()}"
+
+    def definition() -> Any:
+        first = number.with_options(unique_key=key, unique_for=3600).node(args=(20,), name="first")
+        second = add.node(kwargs={"b": 1}, args_from={"a": first}, name="second")
+        return flows.app.workflow("keyed", [first, second])
+
+    wf = definition().start()
+    steps = step_rows(db, wf.id)
+    assert steps["first"]["unique_key"] == key and steps["first"]["unique_for"] == timedelta(hours=1)
+    step_task = steps["first"]["task_id"]
+    (row,) = keyed(db, "wf.number", key)
+    assert row["id"] == step_task and row["status"] == "PENDING" and row["workflow_id"] == wf.id
+    # A plain send with the step's key meets the step's task.
+    dup = number.with_options(unique_key=key).send(99)
+    assert dup.deduplicated is True and dup.id == step_task
+
+    # The same workflow again while the key is held: its keyed step is refused at once (no
+    # code runs), its dependent is skipped, and the workflow fails; nothing else is created.
+    again = definition().start()
+    assert again.status().value == "FAILED"
+    steps2 = step_rows(db, again.id)
+    assert steps2["first"]["status"] == "FAILED" and steps2["first"]["error_code"] == "UNIQUE_KEY_HELD"
+    assert steps2["first"]["result"]["err"]["data"] == {"task_id": str(step_task)}
+    assert steps2["second"]["status"] == "SKIPPED"
+    refused = task_row(db, steps2["first"]["task_id"])
+    assert refused["status"] == "FAILED" and refused["error_code"] == "UNIQUE_KEY_HELD"
+    assert db.execute(
+        "SELECT count(*) AS n FROM tether_task_attempts WHERE task_id = %s", (refused["id"],)
+    ).fetchone() == {"n": 0}
+    key_now = key_row(db, "wf.number", key)
+    assert key_now is not None and key_now["task_id"] == step_task and key_now["active"]
+
+    # Run the first workflow: it completes, and its ended step still holds the key for the
+    # window (unique_for=1 h) but a send without a window finds it free.
+    workers.start("tests.apps.flows:app")
+    assert wf.get(timeout=30).ok == 21
+    assert number.with_options(unique_key=key, unique_for=3600).send(1).id == step_task
+    assert number.with_options(unique_key=key).send(1).deduplicated is False
