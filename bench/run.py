@@ -35,10 +35,11 @@ from bench.apps import make_app
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
+from bench.unique import UNIQUE_SCENARIOS
 from bench.workflows import WORKFLOW_SCENARIOS
 
 BUSY_WARNING = 15.0
-SCENARIOS = {**CORE_SCENARIOS, **RECOVERY_SCENARIOS, **WORKFLOW_SCENARIOS}
+SCENARIOS = {**CORE_SCENARIOS, **UNIQUE_SCENARIOS, **RECOVERY_SCENARIOS, **WORKFLOW_SCENARIOS}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
