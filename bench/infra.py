@@ -20,7 +20,13 @@ from tests.harness import REPO, WorkerProcess
 
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 # Emptied between scenarios (those that exist in the installed schema version).
-TASK_TABLES = ("tether_task_attempts", "tether_tasks", "tether_heartbeats", "tether_worker_states")
+TASK_TABLES = (
+    "tether_task_attempts",
+    "tether_unique_keys",  # references tether_tasks: emptied with it
+    "tether_tasks",
+    "tether_heartbeats",
+    "tether_worker_states",
+)
 # Recovery timing settings a worker reads from its environment. Removed from what a worker
 # inherits, so every worker runs with tether's defaults unless a scenario sets them.
 RECOVERY_ENV = (

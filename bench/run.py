@@ -36,10 +36,17 @@ from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
+from bench.unique import UNIQUE_SCENARIOS
 from bench.workflows import WORKFLOW_SCENARIOS
 
 BUSY_WARNING = 15.0
-SCENARIOS = {**CORE_SCENARIOS, **RECOVERY_SCENARIOS, **WORKFLOW_SCENARIOS, **PERIODIC_SCENARIOS}
+SCENARIOS = {
+    **CORE_SCENARIOS,
+    **UNIQUE_SCENARIOS,
+    **RECOVERY_SCENARIOS,
+    **WORKFLOW_SCENARIOS,
+    **PERIODIC_SCENARIOS,
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

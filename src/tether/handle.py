@@ -35,6 +35,7 @@ class TaskInfo:
     error_code: str | None
     claimed_by_worker_id: str | None
     good_until: datetime | None
+    unique_key: str | None  # the key it was sent with (docs/tasks.md#unique-sends), or None
     sent_at: datetime
     enqueued_at: datetime
     claimed_at: datetime | None
@@ -72,13 +73,25 @@ def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | No
 
 
 class TaskHandle(Generic[T]):
-    def __init__(self, app: AppView, task_id: uuid.UUID, name: str | None = None) -> None:
+    """One task: wait for it, read it, cancel it.
+
+    ``deduplicated`` says what the send that made this handle did: False, it created the
+    task; True, a unique send found its key held and this handle is for the task holding
+    it; None, the handle was not made by a send (``app.handle(id)``), so there is nothing
+    to say.
+    """
+
+    def __init__(
+        self, app: AppView, task_id: uuid.UUID, name: str | None = None, *, deduplicated: bool | None = None
+    ) -> None:
         self.app = app
         self.id = task_id
         self.name = name
+        self.deduplicated = deduplicated
 
     def __repr__(self) -> str:
-        return f"TaskHandle({self.name or 'task'}, id={self.id})"
+        dedup = ", deduplicated" if self.deduplicated else ""
+        return f"TaskHandle({self.name or 'task'}, id={self.id}{dedup})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TaskHandle) and other.id == self.id
@@ -183,6 +196,7 @@ def _info(row: tasks.TaskRow, attempts: list[AttemptInfo]) -> TaskInfo:
         error_code=row.error_code,
         claimed_by_worker_id=row.claimed_by_worker_id,
         good_until=row.good_until,
+        unique_key=row.unique_key,
         sent_at=row.sent_at,
         enqueued_at=row.enqueued_at,
         claimed_at=row.claimed_at,

@@ -1,5 +1,6 @@
-"""Send options (queue, priority, good_until, durable), a task's time limit and a send's
-delay: their types and every check on them, each error naming the option and why.
+"""Send options (queue, priority, good_until, durable, unique_key, unique_for), a task's time
+limit and a send's delay: their types and every check on them, each error naming the option
+and why.
 
 Used by task.py (sending), app.py (registering a task) and the workflow code (nodes
 carry the options of their task), and it imports none of them.
@@ -17,6 +18,10 @@ from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueE
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_DELAY = timedelta(days=3650)
 MAX_TIME_LIMIT = timedelta(days=30)
+MAX_UNIQUE_FOR = timedelta(days=3650)
+#: Characters in a unique key: with the task name (200) it stays far below the size of an
+#: index entry PostgreSQL accepts (~2,700 bytes) even when every character takes 4 bytes.
+MAX_UNIQUE_KEY_LENGTH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,10 @@ class SendOptions:
     priority: int
     good_until: datetime | None
     durable: bool | None = None  # None: the app's PostgresConfig.durable_sends
+    # Unique sends (docs/tasks.md#unique-sends): the key, and the window that also counts
+    # tasks that have ended (None: only tasks not yet terminal hold the key).
+    unique_key: str | None = None
+    unique_for: timedelta | None = None
 
 
 def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> SendOptions:
@@ -35,7 +44,51 @@ def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> 
         check_good_until(options.good_until)
     if options.durable is not None and not isinstance(options.durable, bool):
         raise InvalidOptionError(f"durable must be True or False, got {options.durable!r}")
+    if options.unique_key is not None:
+        check_unique_key(options.unique_key)
+    if options.unique_for is not None:
+        check_unique_for(options.unique_for)
+        if options.unique_key is None:
+            raise InvalidOptionError(
+                "unique_for needs a unique_key: the window says how long a key stays taken "
+                "after its task was sent (give with_options(unique_key=..., unique_for=...))"
+            )
     return options
+
+
+def check_unique_key(key: Any, what: str = "unique_key") -> str:
+    """A unique key: a non-empty str of at most MAX_UNIQUE_KEY_LENGTH characters, storable as text."""
+    if not isinstance(key, str):
+        raise InvalidOptionError(f"{what} must be a str, got {type(key).__name__}")
+    if not key:
+        raise InvalidOptionError(f"{what} must not be empty")
+    if len(key) > MAX_UNIQUE_KEY_LENGTH:
+        raise InvalidOptionError(
+            f"{what} must be at most {MAX_UNIQUE_KEY_LENGTH} characters, got {len(key)}; "
+            "hash a longer natural key (e.g. hashlib.sha256(...).hexdigest())"
+        )
+    if "\x00" in key:
+        raise InvalidOptionError(f"{what} must not contain a NUL character (PostgreSQL text cannot store it)")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidOptionError(f"{what} must be valid Unicode text (it has a lone surrogate)") from None
+    return key
+
+
+def check_unique_for(value: Any) -> timedelta:
+    """The window of a unique send, from a timedelta or seconds: more than 0, at most 3650 days."""
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise InvalidOptionError(
+            f"unique_for must be a timedelta or a number of seconds, got {type(value).__name__}"
+        )
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    # Compared as a number first: timedelta() itself fails on NaN, inf and huge values.
+    if not 0 < seconds <= MAX_UNIQUE_FOR.total_seconds():
+        raise InvalidOptionError(
+            f"unique_for must be more than 0 and at most {MAX_UNIQUE_FOR.days} days, got {value!r}"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 
 def check_good_until(value: Any) -> datetime:

@@ -211,7 +211,7 @@ class Steps:
         self.enqueued.append(task_ids)
         for task_id in task_ids:
             self.steps[task_id].status = "ENQUEUED"
-        return [{"enqueued": len(task_ids)}]
+        return [{"enqueued": len(task_ids), "refused": None}]
 
 
 def advance(steps: Steps, *task_ids: str) -> Advanced:

@@ -107,6 +107,7 @@ class TaskRow:
     max_retries: int
     retry_policy: Any
     good_until: datetime | None
+    unique_key: str | None
     run_at: datetime
     sent_at: datetime
     enqueued_at: datetime

@@ -62,6 +62,20 @@ class NewStep:
     dependents: list[str]  # task ids
     join_mode: str
     run_anyway: bool
+    unique_key: str | None = None  # taken when the step's task is enqueued (docs/tasks.md#unique-sends)
+    unique_for_s: float | None = None  # its window, in seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """What enqueue_steps did: steps enqueued, and the task ids of those refused.
+
+    A refused step's unique key was held by another task: its task was written FAILED
+    with UNIQUE_KEY_HELD, and the step is to be settled in the same transaction.
+    """
+
+    count: int
+    refused: list[str]
 
 
 def insert_workflow(conn: Conn, workflow: NewWorkflow) -> None:
@@ -98,6 +112,8 @@ def insert_workflow_steps(conn: Conn, workflow_id: WorkflowId, steps: Sequence[N
             "dependents": s.dependents,
             "join_mode": s.join_mode,
             "run_anyway": s.run_anyway,
+            "unique_key": s.unique_key,
+            "unique_for": None if s.unique_for_s is None else f"{s.unique_for_s} seconds",
         }
         for s in steps
     ]
@@ -200,10 +216,12 @@ def account_steps(conn: Conn, workflow_id: WorkflowId, *, done: int, failed: int
     return str(row["status"]) if row else None
 
 
-def enqueue_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> int:
-    """Turn these READY steps into tasks (their fed arguments filled in); how many."""
+def enqueue_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> Enqueued:
+    """Turn these READY steps into tasks (their fed arguments filled in), taking their keys."""
     row = conn.execute(q("enqueue_steps"), {"workflow_id": workflow_id, "task_ids": task_ids}).fetchone()
-    return int(row["enqueued"]) if row else 0
+    if row is None:
+        return Enqueued(0, [])
+    return Enqueued(int(row["enqueued"]), [str(t) for t in row["refused"] or ()])
 
 
 def ready_steps(conn: Conn, workflow_id: WorkflowId) -> list[str]:

@@ -24,6 +24,7 @@ TASK_FIELDS = (
     "error_code",
     "claimed_by_worker_id",
     "good_until",
+    "unique_key",
     "sent_at",
     "enqueued_at",
     "claimed_at",

@@ -306,6 +306,10 @@ class Workflow:
                     dependents=[str(task_ids[j]) for j in self.dependents[i]],
                     join_mode=node.join,
                     run_anyway=node.run_anyway,
+                    unique_key=node.options.unique_key,
+                    unique_for_s=(
+                        None if node.options.unique_for is None else node.options.unique_for.total_seconds()
+                    ),
                 )
             )
         workflow = NewWorkflow(

@@ -39,7 +39,7 @@ def start(conn: Conn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
     with conn.transaction():
         workflows.insert_workflow(conn, workflow)
         workflows.insert_workflow_steps(conn, workflow.id, steps)
-        _enqueue_all_ready(conn, workflow.id)
+        _enqueue_all_ready(conn, workflow.id, workflow.name)
 
 
 def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UUID | str]) -> Advanced:
@@ -57,25 +57,42 @@ def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UU
             )
             return done
         workflows.plan_as_lookups(conn)
-        settled = workflows.settle_steps(conn, workflow_id, [str(t) for t in task_ids])
+        _settle(conn, workflow_id, wf.name, wf.status, [str(t) for t in task_ids], done)
+    return done
+
+
+def _settle(
+    conn: Conn, workflow_id: uuid.UUID | str, name: str, was: str, task_ids: list[str], done: Advanced
+) -> None:
+    """Settle steps whose tasks ended, count them, enqueue what became ready; the workflow is locked.
+
+    Steps refused at enqueue (their unique key was held: their task is FAILED already) are
+    settled the same way, in the same transaction, until nothing more moves.
+    """
+    while task_ids:
+        settled = workflows.settle_steps(conn, workflow_id, task_ids)
         if not settled:
-            return done
-        done.settled = [s.node for s in settled]
+            return
+        skipped_before = len(done.skipped)
+        done.settled += [s.node for s in settled]
         failed = sum(1 for s in settled if s.status != "COMPLETED")
         ready = _propagate(conn, workflow_id, settled, done)
-        status = _account(conn, workflow_id, len(settled) + len(done.skipped), failed)
+        status = _account(conn, workflow_id, len(settled) + len(done.skipped) - skipped_before, failed)
         done.status = status
+        task_ids = []
         if status == "RUNNING" and ready:
-            done.enqueued = _enqueue(conn, workflow_id, ready)
-        if status == "PAUSED" and failed and wf.status == "RUNNING":
+            enqueued = workflows.enqueue_steps(conn, workflow_id, ready)
+            done.enqueued += enqueued.count
+            task_ids = enqueued.refused
+        if status == "PAUSED" and failed and was == "RUNNING":
             log.warning(
                 "workflow %s (%s) paused: a step failed and on_error='pause'; resume() or cancel() it",
                 workflow_id,
-                wf.name,
+                name,
             )
-        if status in ("COMPLETED", "FAILED") and wf.status != status:
-            log.info("workflow %s (%s) finished %s", workflow_id, wf.name, status)
-    return done
+        if status in ("COMPLETED", "FAILED") and was != status:
+            log.info("workflow %s (%s) finished %s", workflow_id, name, status)
+        was = status
 
 
 def _propagate(
@@ -174,11 +191,10 @@ def _cancel_step_tasks(conn: Conn, workflow_id: uuid.UUID | str) -> int:
 def resume(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
     """Resume a PAUSED workflow: its READY steps are enqueued. True if it was paused."""
     with conn.transaction():
-        if workflows.lock_workflow(conn, workflow_id) is None:
+        wf = workflows.lock_workflow(conn, workflow_id)
+        if wf is None or not workflows.resume_workflow(conn, workflow_id):
             return False
-        if not workflows.resume_workflow(conn, workflow_id):
-            return False
-        _enqueue_all_ready(conn, workflow_id)
+        _enqueue_all_ready(conn, workflow_id, wf.name)
         # Every step may have finished while it was paused.
         _account(conn, workflow_id, 0, 0)
     return True
@@ -195,20 +211,26 @@ def pause(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
 def finalize(conn: Conn, workflow_id: uuid.UUID | str) -> str | None:
     """Finish a workflow whose steps have all ended, or enqueue READY steps left behind."""
     with conn.transaction():
-        if workflows.lock_workflow(conn, workflow_id) is None:
+        wf = workflows.lock_workflow(conn, workflow_id)
+        if wf is None:
             return None
         status = _account(conn, workflow_id, 0, 0)
         if status == "RUNNING":
-            _enqueue_all_ready(conn, workflow_id)
+            return _enqueue_all_ready(conn, workflow_id, wf.name) or status
         return status
 
 
-def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str) -> int:
-    return _enqueue(conn, workflow_id, workflows.ready_steps(conn, workflow_id))
+def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str, name: str) -> str | None:
+    """Turn every READY step into a task; settle those refused (key held) at once.
 
-
-def _enqueue(conn: Conn, workflow_id: uuid.UUID | str, task_ids: list[str]) -> int:
-    """Turn these READY steps (by task id) into tasks; how many were enqueued."""
-    if not task_ids:
-        return 0
-    return workflows.enqueue_steps(conn, workflow_id, task_ids)
+    Returns the workflow's status when refusals moved it, else None.
+    """
+    ready = workflows.ready_steps(conn, workflow_id)
+    if not ready:
+        return None
+    enqueued = workflows.enqueue_steps(conn, workflow_id, ready)
+    if not enqueued.refused:
+        return None
+    done = Advanced()
+    _settle(conn, workflow_id, name, "RUNNING", enqueued.refused, done)
+    return done.status

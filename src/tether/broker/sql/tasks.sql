@@ -52,7 +52,7 @@ HAVING min(run_at) > now() OR tether_work_is_awaited(queue);
 
 -- name: get_task
 SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,
-       retry_count, max_retries, retry_policy, good_until, run_at, sent_at, enqueued_at,
+       retry_count, max_retries, retry_policy, good_until, unique_key, run_at, sent_at, enqueued_at,
        claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
        next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at,
        schedule_name, schedule_slot

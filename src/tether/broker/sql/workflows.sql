@@ -15,15 +15,16 @@ VALUES (%(id)s, %(name)s, %(on_error)s, %(output_node)s, %(steps_total)s);
 -- All steps in one statement, from one JSON array of step objects.
 INSERT INTO tether_workflow_tasks (workflow_id, node, node_name, task_id, task_name, queue, priority,
                                    args, kwargs, args_from, max_retries, retry_policy, depends_on,
-                                   dependents, join_mode, run_anyway, waiting_on, status)
+                                   dependents, join_mode, run_anyway, unique_key, unique_for,
+                                   waiting_on, status)
 SELECT %(workflow_id)s, s.node, s.node_name, s.task_id, s.task_name, s.queue, s.priority,
        s.args, s.kwargs, s.args_from, s.max_retries, s.retry_policy, s.depends_on, s.dependents,
-       s.join_mode, s.run_anyway, cardinality(s.depends_on),
+       s.join_mode, s.run_anyway, s.unique_key, s.unique_for, cardinality(s.depends_on),
        CASE WHEN cardinality(s.depends_on) = 0 THEN 'READY' ELSE 'WAITING' END
 FROM jsonb_to_recordset(%(steps)s::jsonb) AS s (
     node int, node_name text, task_id uuid, task_name text, queue text, priority int, args jsonb,
     kwargs jsonb, args_from jsonb, max_retries int, retry_policy jsonb, depends_on int[],
-    dependents uuid[], join_mode text, run_anyway boolean);
+    dependents uuid[], join_mode text, run_anyway boolean, unique_key text, unique_for interval);
 
 -- name: lock_workflow
 SELECT id, name, status, on_error FROM tether_workflows WHERE id = %(id)s FOR UPDATE;
@@ -139,9 +140,18 @@ FROM moved;
 -- its default applies. Every row is found by its task id, a single-column
 -- unique key, so no plan (generic, or made from statistics older than the
 -- workflow) can turn a lookup into a range over the workflow.
+--
+-- A step with a unique key takes it here, as a unique send does (unique.sql):
+-- one INSERT ... ON CONFLICT DO UPDATE per key, deciding on the locked key row
+-- alone, keys in one order. The window is the step's own, found through
+-- excluded.task_id (the proposed step's task id) in `ready`, a read of the
+-- workflow's steps, never of tether_tasks. A step whose key another task holds
+-- is refused: its task is written FAILED with UNIQUE_KEY_HELD (no code runs)
+-- and the caller settles the step in the same transaction.
 WITH ready AS (
     SELECT s.workflow_id, s.task_id, s.task_name, s.queue, s.priority, s.args,
-           s.kwargs || coalesce(fed.kwargs, '{}'::jsonb) AS kwargs, s.max_retries, s.retry_policy
+           s.kwargs || coalesce(fed.kwargs, '{}'::jsonb) AS kwargs, s.max_retries, s.retry_policy,
+           s.unique_key, s.unique_for
     FROM tether_workflow_tasks s
     CROSS JOIN LATERAL (
         SELECT jsonb_object_agg(f.key, v.value) AS kwargs
@@ -157,13 +167,43 @@ WITH ready AS (
     WHERE s.task_id = ANY(%(task_ids)s::uuid[])
       AND s.workflow_id IS NOT DISTINCT FROM %(workflow_id)s::uuid
       AND s.status = 'READY'
+), key AS (
+    INSERT INTO tether_unique_keys AS k (task_name, unique_key, task_id, sent_at, active)
+    SELECT DISTINCT ON (r.task_name COLLATE "C", r.unique_key COLLATE "C")
+           r.task_name, r.unique_key, r.task_id, now(), true
+    FROM ready r WHERE r.unique_key IS NOT NULL
+    ORDER BY r.task_name COLLATE "C", r.unique_key COLLATE "C", r.task_id
+    ON CONFLICT (task_name, unique_key) DO UPDATE
+    SET task_id = CASE WHEN tether_unique_key_is_free(k.active, k.sent_at, (
+                           SELECT r.unique_for FROM ready r WHERE r.task_id = excluded.task_id))
+                       THEN excluded.task_id ELSE k.task_id END,
+        sent_at = CASE WHEN tether_unique_key_is_free(k.active, k.sent_at, (
+                           SELECT r.unique_for FROM ready r WHERE r.task_id = excluded.task_id))
+                       THEN excluded.sent_at ELSE k.sent_at END,
+        active = k.active OR tether_unique_key_is_free(k.active, k.sent_at, (
+                     SELECT r.unique_for FROM ready r WHERE r.task_id = excluded.task_id))
+    RETURNING k.task_name, k.unique_key, k.task_id
 ), ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries, retry_policy,
-                              workflow_id)
-    SELECT task_id, task_name, queue, priority, args, kwargs, max_retries, retry_policy, workflow_id
-    FROM ready
+                              workflow_id, unique_key, status, error_code, result, failed_at)
+    SELECT r.task_id, r.task_name, r.queue, r.priority, r.args, r.kwargs, r.max_retries,
+           r.retry_policy, r.workflow_id, r.unique_key,
+           CASE WHEN h.holder IS NULL THEN 'PENDING' ELSE 'FAILED' END,
+           CASE WHEN h.holder IS NOT NULL THEN 'UNIQUE_KEY_HELD' END,
+           CASE WHEN h.holder IS NOT NULL THEN jsonb_build_object('err', jsonb_build_object(
+               'code', 'UNIQUE_KEY_HELD',
+               'message', 'unique key ' || r.unique_key || ' of task ' || r.task_name
+                          || ' is held by task ' || h.holder,
+               'data', jsonb_build_object('task_id', h.holder::text))) END,
+           CASE WHEN h.holder IS NOT NULL THEN now() END
+    FROM ready r
+    LEFT JOIN LATERAL (
+        SELECT k.task_id AS holder FROM key k
+        WHERE r.unique_key IS NOT NULL AND k.task_name = r.task_name AND k.unique_key = r.unique_key
+          AND k.task_id <> r.task_id
+    ) h ON true
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue, run_at
+    RETURNING id, status, queue, run_at
 ), marked AS (
     -- The same rows as `ready` (same snapshot), without a join.
     UPDATE tether_workflow_tasks SET status = 'ENQUEUED', enqueued_at = now()
@@ -173,9 +213,10 @@ WITH ready AS (
     RETURNING node
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
-    FROM ins GROUP BY queue
+    FROM ins WHERE status = 'PENDING' GROUP BY queue
 )
-SELECT (SELECT count(*) FROM marked) AS enqueued, (SELECT count(*) FROM woken) AS queues;
+SELECT (SELECT count(*) FROM marked) AS enqueued, (SELECT count(*) FROM woken) AS queues,
+       (SELECT array_agg(id) FROM ins WHERE status = 'FAILED') AS refused;
 
 -- name: ready_steps
 -- Every READY step of a workflow (start, resume, finalisation): reads the workflow.
