@@ -66,7 +66,7 @@ def settled(db: psycopg.Connection[Any], since: Any) -> bool:
         "WITH mine AS (SELECT * FROM pg_stat_activity"
         "   WHERE datname = current_database() AND backend_start >= %(since)s)"
         " SELECT (SELECT max(state_change) FROM mine"
-        "          WHERE query = 'LISTEN tether_work' AND state = 'idle') AS listening,"
+        "          WHERE query LIKE 'LISTEN tether_work%%' AND state = 'idle') AS listening,"
         "        (SELECT max(state_change) FROM mine WHERE application_name = 'tether-worker') AS pool_used,"
         "        (SELECT count(*) FROM mine"
         "          WHERE application_name = 'tether-worker' AND state <> 'idle') AS busy,"
