@@ -164,8 +164,8 @@ def plan_slots(cron: Cron, after: datetime, now: datetime, catch_up: str) -> Slo
     elif catch_up == "latest":
         send = [latest]
     else:
-        following = cron.next_after(latest)
-        grace = ON_TIME if following is None else min(ON_TIME, (following - latest) / 2)
+        # The slot after the latest due one is the first after now: next_slot.
+        grace = ON_TIME if next_slot is None else min(ON_TIME, (next_slot - latest) / 2)
         send = [latest] if now - latest <= grace else []
     return SlotPlan(send, total - len(send), not exact, latest, next_slot)
 

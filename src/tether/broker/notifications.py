@@ -26,10 +26,6 @@ def listen(conn: Conn, channel: str) -> None:
     conn.execute(_LISTEN[channel])
 
 
-async def listen_async(conn: AsyncConn, channel: str) -> None:
-    await conn.execute(_LISTEN[channel])
-
-
 async def listen_worker_async(conn: AsyncConn) -> None:
     """A worker's listener: new work and schedule changes, in one round trip."""
-    await conn.execute("LISTEN tether_work; LISTEN tether_schedules")
+    await conn.execute(_LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL])

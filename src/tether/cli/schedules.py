@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import click
 
 from tether.broker.schedules import ScheduleInfo, list_schedules
 from tether.cli import common
-from tether.cron import Cron
 from tether.periodic import set_paused
 
 
@@ -68,7 +68,7 @@ def _local(s: ScheduleInfo, slot: datetime | None) -> str:
     """A slot in the schedule's own time zone, as its expression reads it."""
     if slot is None:
         return ""
-    return slot.astimezone(Cron(s.cron, s.timezone).tz).strftime("%Y-%m-%d %H:%M:%S %Z")
+    return slot.astimezone(ZoneInfo(s.timezone)).strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 @schedules.command()

@@ -36,7 +36,6 @@ log = logging.getLogger("tether.scheduler")
 
 # Slots are due from their instant on: wake a little after it, never before.
 AFTER_DUE_S = 0.002
-_UNFINISHED = {TaskStatus.PENDING.value, TaskStatus.CLAIMED.value, TaskStatus.RUNNING.value}
 
 
 class Scheduler:
@@ -63,7 +62,7 @@ class Scheduler:
             self._conn.close()
 
     def wake(self) -> None:
-        """A schedule of these queues changed: look now (thread-safe from the event loop only)."""
+        """A schedule of these queues changed: look now (call it from the event loop's thread)."""
         self.woken.set()
 
     def tick(self) -> float:
@@ -92,7 +91,8 @@ class Scheduler:
         after = max(due.slots_after, due.last_slot) if due.last_slot is not None else due.slots_after
         plan = plan_slots(cron, after, due.now, d.catch_up)
         send, skipped_by_overlap = plan.send, 0
-        if send and d.overlap == "skip" and due.last_status in _UNFINISHED:
+        unfinished = due.last_status is not None and not TaskStatus(due.last_status).is_terminal
+        if send and d.overlap == "skip" and unfinished:
             log.warning(
                 "schedule %s: slot %s skipped: the task of its previous slot is still %s (overlap='skip')",
                 d.name,
