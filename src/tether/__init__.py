@@ -3,6 +3,7 @@
 from tether.app import Tether
 from tether.broker.recovery import StaleTask
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
+from tether.current import RunningTask, current_task
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
 from tether.progress import report_progress
 from tether.result import (
@@ -31,6 +32,7 @@ __all__ = [
     "PostgresConfig",
     "RecoveryConfig",
     "RetryPolicy",
+    "RunningTask",
     "StaleTask",
     "StepInfo",
     "StepStatus",
@@ -46,6 +48,7 @@ __all__ = [
     "WorkflowInfo",
     "WorkflowStatus",
     "__version__",
+    "current_task",
     "recover_stuck_workflows",
     "recover_stuck_workflows_async",
     "report_progress",

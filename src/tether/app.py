@@ -39,6 +39,8 @@ class Tether:
         self.config = config if config is not None else AppConfig()
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.schedules: dict[str, Schedule] = {}  # periodic tasks, by schedule name
+        # Asked by find_task for a name no task is registered under (see find_task).
+        self.task_resolver: Callable[[str], Task[Any, Any] | None] | None = None
         self.broker = PostgresBroker(self.config.broker, auto_migrate=self.config.auto_migrate)
         self._listener: ResultListener | None = None
         self._listener_lock = threading.Lock()
@@ -84,6 +86,19 @@ class Tether:
             return task
 
         return register
+
+    def find_task(self, name: str) -> Task[Any, Any] | None:
+        """The task registered as ``name``; else what ``task_resolver`` finds, or None.
+
+        A worker looks up every task it claims here. A resolver lets an integration
+        register tasks on demand (the Django backend imports a task's module when a
+        row names it, under its own rules); it registers what it finds, so it is
+        asked once per name.
+        """
+        task = self.tasks.get(name)
+        if task is None and self.task_resolver is not None:
+            task = self.task_resolver(name)
+        return task
 
     @overload
     def periodic(

@@ -154,7 +154,7 @@ def test_exception_is_failed_with_its_traceback(
     assert err is not None
     assert err.code == ErrorCode.UNHANDLED_EXCEPTION
     assert err.message == "RuntimeError: kaput 42"
-    assert err.data["type"] == "RuntimeError"
+    assert (err.data["module"], err.data["type"]) == ("builtins", "RuntimeError")
     traceback = err.data["traceback"]
     assert traceback.startswith("Traceback (most recent call last)")
     assert "raise RuntimeError(message)" in traceback and "RuntimeError: kaput 42" in traceback

@@ -14,12 +14,14 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
 from tether.broker.claims import TaskPayload
+from tether.current import RunningTask, set_current_task
 from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
@@ -142,12 +144,14 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
                 current = None
                 continue
         set_reporter(partial(recorder.report_progress, current))
+        set_current_task(_running(current, recorder.worker_id))
         try:
             outcome = executor.run(current)
         except Exception as exc:  # a bug of ours must not kill the child and pass as a crash
             outcome = internal_failure(current, exc)
         finally:
             set_reporter(None)
+            set_current_task(None)
         guard.disarm()
         reply = _ask_next(conn, pushed, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
@@ -169,6 +173,18 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         if reply["op"] == protocol.STOP:
             return
         current = next_task if next_started else None
+
+
+def _running(task: TaskPayload, worker_id: str) -> RunningTask:
+    """What tether.current_task() tells the task's code about this run."""
+    return RunningTask(
+        id=uuid.UUID(task.id),
+        name=task.name,
+        queue=task.queue,
+        attempt=task.attempt,
+        retry_count=task.retry_count,
+        worker_id=worker_id,
+    )
 
 
 def _ask_next(conn: Connection, pushed: Callable[[], bool], finished: TaskPayload) -> dict[str, Any]:

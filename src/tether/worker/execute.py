@@ -34,7 +34,7 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, payload: TaskPayload) -> Outcome:
-        task = self.app.tasks.get(payload.name)
+        task = self.app.find_task(payload.name)
         if task is None:
             return failure(
                 payload,
@@ -58,7 +58,11 @@ class Executor:
                 TaskError(
                     ErrorCode.UNHANDLED_EXCEPTION,
                     f"{type(exc).__name__}: {exc}",
-                    {"type": type(exc).__qualname__, "traceback": traceback.format_exc()},
+                    {
+                        "type": type(exc).__qualname__,
+                        "module": type(exc).__module__,  # with "type", the class's import path
+                        "traceback": traceback.format_exc(),
+                    },
                 ),
             )
         result = value if isinstance(value, TaskResult) else TaskResult(ok=value)

@@ -284,7 +284,7 @@ class Worker:
     async def _accept(self, claimed: list[TaskPayload]) -> None:
         unknown = []
         for task in claimed:
-            if task.name not in self.app.tasks:
+            if self.app.find_task(task.name) is None:
                 unknown.append(task)
             else:
                 self.holdings.take(task)
@@ -329,7 +329,7 @@ class Worker:
         log.info("released %d claimed task(s) back to PENDING", n)
 
     def _time_limit_of(self, name: str) -> float | None:
-        task = self.app.tasks.get(name)
+        task = self.app.find_task(name)
         return task.time_limit if task is not None else None
 
     # -- what the heartbeat needs (heartbeat.BeatSource) -----------------------------------
