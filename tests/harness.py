@@ -52,6 +52,9 @@ class WorkerProcess:
     # AssertionError (after the SIGKILL); False: the SIGKILL is enough.
     stop_must_be_graceful: bool = True
     stop_waits_for: SessionWait = "nothing"
+    # The whole command line, instead of ``python -m tether worker APP_PATH ...`` (e.g. a
+    # Django project's ``manage.py tether_worker``); ``app_path`` then only names it.
+    command: Sequence[str] | None = None
     worker_id: str | None = None  # tether_workers.id, once wait_registered() saw the row
     started_at: float = 0.0  # time.perf_counter() just before Popen
     stopped: bool = False  # stop() or kill() ran: never signal this pid (or group) again
@@ -60,13 +63,16 @@ class WorkerProcess:
     # -- the process --------------------------------------------------------------------
 
     def start(self) -> WorkerProcess:
-        cmd = [sys.executable, "-m", "tether"]
-        if self.log_level is not None:
-            cmd += ["--log-level", self.log_level]
-        cmd += ["worker", self.app_path]
-        if self.processes is not None:
-            cmd += ["--processes", str(self.processes)]
-        cmd += self.args
+        if self.command is not None:
+            cmd = list(self.command)
+        else:
+            cmd = [sys.executable, "-m", "tether"]
+            if self.log_level is not None:
+                cmd += ["--log-level", self.log_level]
+            cmd += ["worker", self.app_path]
+            if self.processes is not None:
+                cmd += ["--processes", str(self.processes)]
+            cmd += self.args
         with open(self.log_path, "ab") as out:  # the child keeps its own descriptor
             self.started_at = time.perf_counter()
             self._proc = subprocess.Popen(

@@ -6,31 +6,56 @@ from typing import Any
 
 import click
 
+from tether.app import Tether
 from tether.broker.workers import list_workers
 from tether.cli import common
 from tether.config import WorkerConfig
 
 
 @click.command()
-@click.argument("app_path")
+@click.argument("app_path", required=False)
+@click.option(
+    "--django",
+    "django_settings",
+    metavar="SETTINGS",
+    default=None,
+    help="Instead of APP_PATH: run a Django project's tasks (tether.contrib.django), e.g. mysite.settings.",
+)
+@click.option(
+    "--django-backend",
+    default="default",
+    show_default=True,
+    help="With --django: the TASKS alias whose TetherBackend to serve.",
+)
 @click.option("--processes", "-p", type=int, default=None, help="Child processes running tasks.")
 @click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all declared).")
 @click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
 @click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
 @click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
 def worker(
-    app_path: str,
+    app_path: str | None,
+    django_settings: str | None,
+    django_backend: str,
     processes: int | None,
     queues: str | None,
     prefetch: int | None,
     grace_period: float | None,
     poll_interval_ms: int | None,
 ) -> None:
-    """Run a worker for APP_PATH (module:app)."""
+    """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
     from tether.worker.app_loader import load_app
     from tether.worker.main import run_worker
 
-    app = load_app(app_path)
+    if (app_path is None) == (django_settings is None):
+        raise click.UsageError("give either APP_PATH (module:app) or --django SETTINGS (a settings module)")
+    if django_settings is not None:
+        # Imported only here: Django is an optional extra (tether[django]).
+        from tether.contrib.django.worker import cli_worker_app
+
+        app, app_path = cli_worker_app(django_settings, django_backend)
+    else:
+        assert app_path is not None
+        app = load_app(app_path)
     overrides: dict[str, Any] = {
         "processes": processes,
         "queues": queues,
@@ -38,9 +63,14 @@ def worker(
         "grace_period_s": grace_period,
         "poll_interval_ms": poll_interval_ms,
     }
+    run_worker(app, app_path, worker_config(app, overrides))
+
+
+def worker_config(app: Tether, overrides: dict[str, Any]) -> WorkerConfig:
+    """The app's WorkerConfig with the options given on the command line (None: not given)."""
     base = app.config.worker.model_dump()
     base.update({k: v for k, v in overrides.items() if v is not None})
-    run_worker(app, app_path, WorkerConfig(**base))
+    return WorkerConfig(**base)
 
 
 @click.command()

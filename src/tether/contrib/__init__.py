@@ -1,0 +1,1 @@
+"""Integrations with other frameworks; each is an optional extra (``tether[django]``)."""

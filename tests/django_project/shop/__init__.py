@@ -1,0 +1,1 @@
+"""The test project's app: a model, its tasks and signal receivers."""
