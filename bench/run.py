@@ -36,6 +36,7 @@ from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
+from bench.transactions import TRANSACTION_SCENARIOS
 from bench.unique import UNIQUE_SCENARIOS
 from bench.workflows import WORKFLOW_SCENARIOS
 
@@ -43,6 +44,7 @@ BUSY_WARNING = 15.0
 SCENARIOS = {
     **CORE_SCENARIOS,
     **UNIQUE_SCENARIOS,
+    **TRANSACTION_SCENARIOS,
     **RECOVERY_SCENARIOS,
     **WORKFLOW_SCENARIOS,
     **PERIODIC_SCENARIOS,

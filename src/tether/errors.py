@@ -45,6 +45,11 @@ class WorkflowNotFoundError(TetherError, LookupError):
     """No workflow with that id exists (it may have been pruned by retention)."""
 
 
+class WrongDatabaseError(TetherError, ValueError):
+    """A connection lent for a send in the caller's transaction is not on tether's database
+    (or cannot see tether's tables). The message names both databases."""
+
+
 class DatabaseUnreachableError(TetherError, ConnectionError):
     """The PostgreSQL server could not be reached. The message names the (masked) URL."""
 

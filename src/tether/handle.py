@@ -166,7 +166,10 @@ class TaskHandle(Generic[T]):
 
 
 def _not_found(task_id: uuid.UUID) -> TaskNotFoundError:
-    return TaskNotFoundError(f"no task with id {task_id} (never sent, or pruned by retention)")
+    return TaskNotFoundError(
+        f"no task with id {task_id} (never sent; sent inside a transaction that has not committed "
+        "or was rolled back; or pruned by retention)"
+    )
 
 
 def _status(task_id: uuid.UUID, state: tasks.TaskState | None) -> TaskStatus:
@@ -179,7 +182,13 @@ def _result_or_missing(
     task_id: uuid.UUID, state: tasks.TaskState | None
 ) -> TaskResult[Any, TaskError] | None:
     if state is None:
-        return TaskResult(err=TaskError(ErrorCode.TASK_NOT_FOUND, f"no task with id {task_id}"))
+        return TaskResult(
+            err=TaskError(
+                ErrorCode.TASK_NOT_FOUND,
+                f"no task with id {task_id} (never sent; sent inside a transaction that has not "
+                "committed or was rolled back; or pruned by retention)",
+            )
+        )
     return result_from_row(state.status, state.result)
 
 

@@ -1,5 +1,5 @@
 """Send options (queue, priority, good_until, durable, unique_key, unique_for), a task's time
-limit and a send's delay: their types and every check on them, each error naming the option
+limit and a send's delay or time: their types and every check on them, each error naming the option
 and why.
 
 Used by task.py (sending), app.py (registering a task) and the workflow code (nodes
@@ -102,10 +102,35 @@ def check_good_until(value: Any) -> datetime:
     return value
 
 
+def check_when(value: Any) -> tuple[timedelta, datetime | None]:
+    """schedule()'s first argument: a delay (timedelta or seconds), or an aware datetime to run at.
+
+    Returns (delay, run_at): a datetime gives run_at (the database runs the task from then on,
+    at once if it has passed) and no delay.
+    """
+    if isinstance(value, datetime):
+        return timedelta(0), check_run_at(value)
+    return check_delay(value), None
+
+
+def check_run_at(value: datetime) -> datetime:
+    """A time to run at: aware, and not more than MAX_DELAY ahead (by this machine's clock, a
+    sanity bound only; when the task is due is the database's to judge)."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidOptionError(
+            "schedule() got a naive datetime to run at; give it a timezone, "
+            "e.g. datetime.now(timezone.utc) + timedelta(hours=1)"
+        )
+    if value - datetime.now(value.tzinfo) > MAX_DELAY:
+        raise InvalidOptionError(f"schedule() time must be at most {MAX_DELAY.days} days ahead, got {value}")
+    return value
+
+
 def check_delay(delay: Any) -> timedelta:
     if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
         raise InvalidOptionError(
-            f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}"
+            "delay must be a timedelta, a number of seconds or an aware datetime to run at, "
+            f"got {type(delay).__name__}"
         )
     if not isinstance(delay, timedelta) and not 0 <= delay <= MAX_DELAY.total_seconds():
         # Checked as a number first: timedelta() itself fails on NaN, inf and huge values.

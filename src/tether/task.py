@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -22,8 +22,9 @@ from tether.app_view import AppView
 from tether.broker import tasks
 from tether.broker import unique as unique_sends
 from tether.broker.tasks import SendSpec
-from tether.broker.types import Conn
+from tether.broker.types import AsyncCallerConn, AsyncConn, CallerConn, Conn
 from tether.broker.unique import UniqueKey
+from tether.caller_transaction import check_connection, run_in, run_in_async
 from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, InvalidOptionError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
@@ -31,15 +32,16 @@ from tether.ids import new_task_id, new_task_ids
 from tether.offload import in_thread
 from tether.options import (
     SendOptions,
-    check_delay,
     check_good_until,
     check_unique_for,
     check_unique_key,
+    check_when,
 )
 from tether.workflow.definition import Node, NodeOptions, make_node
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: Keyword names that send() takes for itself; a task may not use them as parameters.
 RESERVED_OPTION_NAMES = frozenset({"good_until"})
@@ -95,12 +97,24 @@ class Task(Generic[P, R]):
         durable: bool | None = None,
         unique_key: str | None = None,
         unique_for: timedelta | float | None = None,
+        connection: CallerConn | AsyncCallerConn | None = None,
     ) -> BoundTask:
         """A view of this task that sends with other options; the task itself is unchanged.
 
         ``unique_key``: send only if no task of this name holds the key (not terminal yet, or,
         with ``unique_for``, sent within that window); see docs/tasks.md#unique-sends.
+        ``connection``: your psycopg 3 connection (AsyncConnection for the async forms) with a
+        transaction open; the task is written in that transaction and commits or rolls back
+        with it (docs/transactions.md).
         """
+        if connection is not None:
+            connection = check_connection(connection)
+            if durable is False:
+                raise InvalidOptionError(
+                    "durable=False cannot apply to a send inside your transaction (connection=...): "
+                    "its durability is your commit's. Set synchronous_commit on your own transaction "
+                    "if you want that"
+                )
         opts = SendOptions(
             queue if queue is not None else self.options.queue,
             priority if priority is not None else self.options.priority,
@@ -109,7 +123,7 @@ class Task(Generic[P, R]):
             unique_key,
             None if unique_for is None else check_unique_for(unique_for),
         )
-        return BoundTask(self, self.app.check_options(self.name, opts))
+        return BoundTask(self, self.app.check_options(self.name, opts), connection)
 
     def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return BoundTask(self, self.options).send(*args, **kwargs)
@@ -117,10 +131,14 @@ class Task(Generic[P, R]):
     async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
         return await BoundTask(self, self.options).send_async(*args, **kwargs)
 
-    def schedule(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+    def schedule(self, delay: timedelta | float | datetime, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        """Send to run after ``delay`` (a timedelta or seconds), or at ``delay`` if it is an aware
+        datetime (at once if that time has passed)."""
         return BoundTask(self, self.options).schedule(delay, *args, **kwargs)
 
-    async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+    async def schedule_async(
+        self, delay: timedelta | float | datetime, *args: Any, **kwargs: Any
+    ) -> TaskHandle[Any]:
         return await BoundTask(self, self.options).schedule_async(delay, *args, **kwargs)
 
     def send_many(
@@ -190,17 +208,28 @@ class Task(Generic[P, R]):
 
 
 class BoundTask:
-    """A task with fixed send options (from Task.with_options)."""
+    """A task with fixed send options (from Task.with_options).
 
-    def __init__(self, task: Task[Any, Any], options: SendOptions) -> None:
+    With a ``connection`` (the caller's psycopg connection, docs/transactions.md) every send
+    runs inside the caller's transaction instead of on the app's pool.
+    """
+
+    def __init__(
+        self,
+        task: Task[Any, Any],
+        options: SendOptions,
+        connection: CallerConn | AsyncCallerConn | None = None,
+    ) -> None:
         self.task = task
         self.options = options
+        self.connection = connection
         self._unique = (
             None if options.unique_key is None else UniqueKey(options.unique_key, options.unique_for)
         )
 
-    def _spec(self, delay: timedelta, good_until: datetime | None) -> SendSpec:
+    def _spec(self, delay: timedelta, run_at: datetime | None, good_until: datetime | None) -> SendSpec:
         t, o = self.task, self.options
+        in_callers = self.connection is not None
         return SendSpec(
             t.name,
             o.queue,
@@ -209,35 +238,124 @@ class BoundTask:
             t._retry_json,
             good_until,
             delay,
-            t.app.config.broker.durable_sends if o.durable is None else o.durable,
-        )
-
-    def _prepare(
-        self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[UUID, Callable[[Conn], None]]:
-        """The new task's id, and its insert to run (everything checked and encoded)."""
-        spec, task_id, args_json, kwargs_json = self._encode(delay, args, kwargs)
-        return task_id, lambda conn: tasks.insert_task(conn, spec, task_id, args_json, kwargs_json)
-
-    def _prepare_unique(
-        self, unique: UniqueKey, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[UUID, Callable[[Conn], UUID]]:
-        """As _prepare, for a unique send: its insert returns the id of the task holding the key."""
-        spec, task_id, args_json, kwargs_json = self._encode(delay, args, kwargs)
-        return task_id, lambda conn: unique_sends.insert_unique_task(
-            conn, spec, unique, task_id, args_json, kwargs_json
+            # Inside the caller's transaction its commit decides durability: tether leaves
+            # synchronous_commit alone (with_options refuses durable=False there).
+            True if in_callers else t.app.config.broker.durable_sends if o.durable is None else o.durable,
+            run_at,
+            notify_always=in_callers,
         )
 
     def _encode(
-        self, delay: timedelta | float, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, when: timedelta | float | datetime, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[SendSpec, UUID, str, str]:
         good_until = kwargs.pop("good_until", None)
         good_until = check_good_until(good_until) if good_until is not None else self.options.good_until
         args_json, kwargs_json = self.task.encode_arguments(args, kwargs)
-        return self._spec(check_delay(delay), good_until), new_task_id(), args_json, kwargs_json
+        delay, run_at = check_when(when)
+        return self._spec(delay, run_at, good_until), new_task_id(), args_json, kwargs_json
+
+    # -- where the statements run ----------------------------------------------------
+
+    def _run(self, work: Callable[[Conn], T], call: str, *, idempotent_insert: bool = False) -> T:
+        """``work`` on the caller's connection if one was lent, else on the app's pool."""
+        if self.connection is None:
+            return self.task.app.broker.run(work, idempotent_insert=idempotent_insert)
+        return run_in(self.task.app.broker, self.connection, call, work)
+
+    def _run_all_or_none(self, work: Callable[[Conn], T], call: str, *, idempotent_insert: bool = False) -> T:
+        """As _run, for several statements: in a transaction of their own on the pool; in the
+        caller's transaction (which makes them all or none) on a lent connection."""
+        if self.connection is None:
+
+            def whole(conn: Conn) -> T:
+                with conn.transaction():
+                    return work(conn)
+
+            return self.task.app.broker.run(whole, idempotent_insert=idempotent_insert)
+        return run_in(self.task.app.broker, self.connection, call, work)
+
+    async def _run_async(
+        self,
+        work: Callable[[Conn], T],
+        work_async: Callable[[AsyncConn], Awaitable[T]],
+        call: str,
+        *,
+        all_or_none: bool = False,
+        idempotent_insert: bool = False,
+    ) -> T:
+        """The async API: ``work_async`` on the caller's async connection if one was lent, else
+        ``work`` on the app's pool in a thread (offload.py says why not an async pool)."""
+        if self.connection is not None:
+            return await run_in_async(self.task.app.broker, self.connection, call, work_async)
+        if all_or_none:
+            return await in_thread(
+                lambda: self._run_all_or_none(work, call, idempotent_insert=idempotent_insert)
+            )
+        return await in_thread(lambda: self._run(work, call, idempotent_insert=idempotent_insert))
+
+    # -- one task ---------------------------------------------------------------------
 
     def send(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        return self.schedule(timedelta(0), *args, **kwargs)
+        return self._schedule(timedelta(0), args, kwargs, "send()")
+
+    def schedule(self, delay: timedelta | float | datetime, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        """Send to run after ``delay`` (a timedelta or seconds), or at ``delay`` if it is an aware
+        datetime (at once if that time has passed)."""
+        return self._schedule(delay, args, kwargs, "schedule()")
+
+    async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
+        return await self._schedule_async(timedelta(0), args, kwargs, "send_async()")
+
+    async def schedule_async(
+        self, delay: timedelta | float | datetime, *args: Any, **kwargs: Any
+    ) -> TaskHandle[Any]:
+        return await self._schedule_async(delay, args, kwargs, "schedule_async()")
+
+    def _schedule(
+        self, when: timedelta | float | datetime, args: tuple[Any, ...], kwargs: dict[str, Any], call: str
+    ) -> TaskHandle[Any]:
+        spec, task_id, args_json, kwargs_json = self._encode(when, args, kwargs)
+        unique = self._unique
+        if unique is not None:
+
+            def insert_unique(conn: Conn) -> UUID:
+                return unique_sends.insert_unique_task(conn, spec, unique, task_id, args_json, kwargs_json)
+
+            return self._handle(task_id, self._run(insert_unique, call))
+
+        def insert(conn: Conn) -> None:
+            tasks.insert_task(conn, spec, task_id, args_json, kwargs_json)
+
+        # An insert whose commit got through just before its connection broke meets its own
+        # row when run() repeats it on another: taken as done (the ids are the client's).
+        self._run(insert, call, idempotent_insert=True)
+        return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=False)
+
+    async def _schedule_async(
+        self, when: timedelta | float | datetime, args: tuple[Any, ...], kwargs: dict[str, Any], call: str
+    ) -> TaskHandle[Any]:
+        spec, task_id, args_json, kwargs_json = self._encode(when, args, kwargs)
+        unique = self._unique
+        if unique is not None:
+            holder = await self._run_async(
+                lambda c: unique_sends.insert_unique_task(c, spec, unique, task_id, args_json, kwargs_json),
+                lambda c: unique_sends.insert_unique_task_async(
+                    c, spec, unique, task_id, args_json, kwargs_json
+                ),
+                call,
+            )
+            return self._handle(task_id, holder)
+        await self._run_async(
+            lambda c: tasks.insert_task(c, spec, task_id, args_json, kwargs_json),
+            lambda c: tasks.insert_task_async(c, spec, task_id, args_json, kwargs_json),
+            call,
+            idempotent_insert=True,
+        )
+        return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=False)
+
+    def _handle(self, proposed: UUID, holder: UUID) -> TaskHandle[Any]:
+        """The handle a unique send returns: the task holding the key, deduplicated unless ours."""
+        return TaskHandle(self.task.app, holder, self.task.name, deduplicated=holder != proposed)
 
     def node(self, **options: Unpack[NodeOptions]) -> Node:
         """A workflow step that runs this task with these send options.
@@ -245,39 +363,14 @@ class BoundTask:
         Options: args=(...), kwargs={...}, name=, after=[...], args_from={param: node},
         join="all" | "any", run_anyway=False (see tether.workflow.definition.make_node).
         """
+        if self.connection is not None:
+            raise InvalidOptionError(
+                f"task {self.task.name!r}: a workflow node takes no connection=; give it to the "
+                "workflow's start(connection=...) instead"
+            )
         return make_node(self.task, self.options, **options)
 
-    async def send_async(self, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        return await self.schedule_async(timedelta(0), *args, **kwargs)
-
-    def schedule(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        if self._unique is not None:
-            proposed, insert_unique = self._prepare_unique(self._unique, delay, args, kwargs)
-            return self._handle(proposed, self.task.app.broker.run(insert_unique))
-        task_id, insert = self._prepare(delay, args, kwargs)
-        self._insert(insert)
-        return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=False)
-
-    async def schedule_async(self, delay: timedelta | float, *args: Any, **kwargs: Any) -> TaskHandle[Any]:
-        if self._unique is not None:
-            proposed, insert_unique = self._prepare_unique(self._unique, delay, args, kwargs)
-            return self._handle(proposed, await in_thread(self.task.app.broker.run, insert_unique))
-        task_id, insert = self._prepare(delay, args, kwargs)
-        await in_thread(self._insert, insert)
-        return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=False)
-
-    def _handle(self, proposed: UUID, holder: UUID) -> TaskHandle[Any]:
-        """The handle a unique send returns: the task holding the key, deduplicated unless ours."""
-        return TaskHandle(self.task.app, holder, self.task.name, deduplicated=holder != proposed)
-
-    def _prepare_many(
-        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
-    ) -> tuple[list[UUID], Callable[[Conn], None]]:
-        """The new tasks' ids, and their insert to run (everything checked and encoded)."""
-        spec, args_list, kwargs_list = self._encode_many(items, common)
-        ids = new_task_ids(len(args_list))
-        chunk = SEND_MANY_CHUNK
-        return ids, lambda conn: tasks.insert_tasks(conn, spec, ids, args_list, kwargs_list, chunk=chunk)
+    # -- many tasks -------------------------------------------------------------------
 
     def _encode_many(
         self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
@@ -302,7 +395,13 @@ class BoundTask:
                 raise type(exc)(f"send_many item {index}: {exc}") from None
             args_list.append(a)
             kwargs_list.append(k)
-        return self._spec(timedelta(0), good_until), args_list, kwargs_list
+        return self._spec(timedelta(0), None, good_until), args_list, kwargs_list
+
+    def _prepare_many(
+        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
+    ) -> PlainBatch:
+        spec, args_list, kwargs_list = self._encode_many(items, common)
+        return PlainBatch(spec, new_task_ids(len(args_list)), args_list, kwargs_list)
 
     def _prepare_many_unique(
         self,
@@ -346,17 +445,17 @@ class BoundTask:
         # chunks of two batches sharing keys lock them in one order too.
         distinct = sorted(first)
         proposed = dict(zip(distinct, new_task_ids(len(distinct)), strict=True))
-        ids = [proposed[k] for k in distinct]
-        args_p = [args_list[first[k]] for k in distinct]
-        kwargs_p = [kwargs_list[first[k]] for k in distinct]
-        chunk = SEND_MANY_CHUNK
-
-        def insert(conn: Conn) -> dict[str, UUID]:
-            return unique_sends.insert_unique_tasks(
-                conn, spec, window, distinct, ids, args_p, kwargs_p, chunk=chunk
-            )
-
-        return UniqueBatch(keys, proposed, first, insert)
+        return UniqueBatch(
+            keys,
+            proposed,
+            first,
+            spec,
+            window,
+            distinct,
+            [proposed[k] for k in distinct],
+            [args_list[first[k]] for k in distinct],
+            [kwargs_list[first[k]] for k in distinct],
+        )
 
     def _unique_handles(self, batch: UniqueBatch, holders: Mapping[str, UUID]) -> list[TaskHandle[Any]]:
         """One handle per item: the task holding its key; deduplicated unless this item created it."""
@@ -370,6 +469,9 @@ class BoundTask:
             )
             for index, key in enumerate(batch.keys)
         ]
+
+    def _plain_handles(self, batch: PlainBatch) -> list[TaskHandle[Any]]:
+        return [TaskHandle(self.task.app, i, self.task.name, deduplicated=False) for i in batch.ids]
 
     def send_many(
         self,
@@ -386,13 +488,13 @@ class BoundTask:
         """
         if unique_keys is not None or self._unique is not None:
             batch = self._prepare_many_unique(items, common, unique_keys, unique_for)
-            holders = self.task.app.broker.run(batch.insert) if batch.keys else {}
+            holders = self._run_all_or_none(batch.insert, "send_many()") if batch.keys else {}
             return self._unique_handles(batch, holders)
         self._no_window_without_keys(unique_for)
-        ids, insert = self._prepare_many(items, common)
-        if ids:
-            self._insert(insert)
-        return [TaskHandle(self.task.app, i, self.task.name, deduplicated=False) for i in ids]
+        plain = self._prepare_many(items, common)
+        if plain.ids:
+            self._run_all_or_none(plain.insert, "send_many()", idempotent_insert=True)
+        return self._plain_handles(plain)
 
     async def send_many_async(
         self,
@@ -404,13 +506,23 @@ class BoundTask:
     ) -> list[TaskHandle[Any]]:
         if unique_keys is not None or self._unique is not None:
             batch = self._prepare_many_unique(items, common, unique_keys, unique_for)
-            holders = await in_thread(self.task.app.broker.run, batch.insert) if batch.keys else {}
+            holders: dict[str, UUID] = {}
+            if batch.keys:
+                holders = await self._run_async(
+                    batch.insert, batch.insert_async, "send_many_async()", all_or_none=True
+                )
             return self._unique_handles(batch, holders)
         self._no_window_without_keys(unique_for)
-        ids, insert = self._prepare_many(items, common)
-        if ids:
-            await in_thread(self._insert, insert)
-        return [TaskHandle(self.task.app, i, self.task.name, deduplicated=False) for i in ids]
+        plain = self._prepare_many(items, common)
+        if plain.ids:
+            await self._run_async(
+                plain.insert,
+                plain.insert_async,
+                "send_many_async()",
+                all_or_none=True,
+                idempotent_insert=True,
+            )
+        return self._plain_handles(plain)
 
     @staticmethod
     def _no_window_without_keys(unique_for: object) -> None:
@@ -420,10 +532,23 @@ class BoundTask:
                 "give unique_keys=[...] (one per item) or with_options(unique_key=...)"
             )
 
-    def _insert(self, insert: Callable[[Conn], None]) -> None:
-        # An insert whose commit got through just before its connection broke meets its own
-        # row when run() repeats it on another: taken as done (the ids are the client's).
-        self.task.app.broker.run(insert, idempotent_insert=True)
+
+@dataclass(frozen=True, slots=True)
+class PlainBatch:
+    """A send_many without keys, checked and encoded: task ``ids[i]`` gets ``args[i]``, ``kwargs[i]``."""
+
+    spec: SendSpec
+    ids: list[UUID]
+    args: list[str]
+    kwargs: list[str]
+
+    def insert(self, conn: Conn) -> None:
+        tasks.insert_tasks(conn, self.spec, self.ids, self.args, self.kwargs, chunk=SEND_MANY_CHUNK)
+
+    async def insert_async(self, conn: AsyncConn) -> None:
+        await tasks.insert_tasks_async(
+            conn, self.spec, self.ids, self.args, self.kwargs, chunk=SEND_MANY_CHUNK
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,4 +558,34 @@ class UniqueBatch:
     keys: list[str]  # item i's key
     proposed: dict[str, UUID]  # the id proposed for each distinct key
     first: dict[str, int]  # the first item with each key (its arguments are the ones sent)
-    insert: Callable[[Conn], dict[str, UUID]]  # returns the task holding each key
+    spec: SendSpec
+    window: timedelta | None
+    distinct: list[str]  # the distinct keys, sorted; the rest are in the same order
+    ids: list[UUID]
+    args: list[str]
+    kwargs: list[str]
+
+    def insert(self, conn: Conn) -> dict[str, UUID]:
+        """Returns the task holding each key."""
+        return unique_sends.insert_unique_tasks(
+            conn,
+            self.spec,
+            self.window,
+            self.distinct,
+            self.ids,
+            self.args,
+            self.kwargs,
+            chunk=SEND_MANY_CHUNK,
+        )
+
+    async def insert_async(self, conn: AsyncConn) -> dict[str, UUID]:
+        return await unique_sends.insert_unique_tasks_async(
+            conn,
+            self.spec,
+            self.window,
+            self.distinct,
+            self.ids,
+            self.args,
+            self.kwargs,
+            chunk=SEND_MANY_CHUNK,
+        )

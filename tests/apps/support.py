@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
@@ -103,3 +104,13 @@ def workflow_row(conn: psycopg.Connection[Any], workflow_id: Any) -> dict[str, A
     row = find_workflow(conn, workflow_id)
     assert row is not None, f"no workflow {workflow_id}"
     return row
+
+
+def prepared_insert(bound: Any, args: tuple[Any, ...] = ()) -> tuple[Any, Any]:
+    """A plain send of ``bound`` (a task's with_options view), checked and encoded but not run:
+    its task id, and its insert to run on a connection the test holds (in a transaction it
+    controls). Exactly what send() runs on the app's pool."""
+    from tether.broker import tasks
+
+    spec, task_id, args_json, kwargs_json = bound._encode(timedelta(0), args, {})
+    return task_id, lambda conn: tasks.insert_task(conn, spec, task_id, args_json, kwargs_json)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import connect
+from tests.apps.support import connect, prepared_insert
 from tests.conftest import WorkerFactory
 from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
 
@@ -121,9 +121,9 @@ def test_a_durable_send_keeps_the_sessions_own_setting(
         for durable, expected in ((True, "local"), (False, "off")):
             bound = add.with_options(durable=durable)
             if statement == "insert_task":
-                _, insert = bound._prepare(timedelta(0), (1, 2), {})
+                _, insert = prepared_insert(bound, (1, 2))
             else:
-                _, insert = bound._prepare_many([(1, 2)], {})
+                insert = bound._prepare_many([(1, 2)], {}).insert
             with conn.transaction(force_rollback=True):
                 insert(conn)
                 row = conn.execute("SHOW synchronous_commit").fetchone()

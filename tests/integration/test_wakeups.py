@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import connect, load_app_module
+from tests.apps.support import connect, load_app_module, prepared_insert
 from tests.conftest import WorkerFactory, wait_until
 from tether.broker.queries import q
 from tether.broker.worker_pool import WorkerPool
@@ -122,7 +122,7 @@ def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
     worker_id = fake_worker(db, ["default"])
     with connect(database_url) as sender, connect(database_url) as registrar:
         sender.execute("BEGIN")
-        task_id, insert = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        task_id, insert = prepared_insert(basic.noop.with_options())
         insert(sender)  # no waiter yet: no notification
         thread = threading.Thread(target=register, args=(registrar, worker_id, ["default"]))
         thread.start()
@@ -152,7 +152,7 @@ def test_a_registration_in_flight_makes_a_send_wait_and_then_notify(
         registrar.execute("BEGIN")
         registrar.execute(q("lock_queues_for_waiting"), {"queues": ["default"]})
         registrar.execute(q("register_waiting"), {"worker_id": worker_id, "queues": ["default"]})
-        _, insert = basic.noop.with_options()._prepare(timedelta(0), (), {})
+        _, insert = prepared_insert(basic.noop.with_options())
         thread = threading.Thread(target=insert, args=(sender,))
         thread.start()
         try:

@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.broker import recovery, schedules, tasks, workers
+from tether.broker.identity import DatabaseIdentity, database_identity
 from tether.broker.tasks import Failure, QueueCount
 from tether.broker.workers import WorkerSummary
 from tether.config import PostgresConfig
@@ -58,6 +59,7 @@ class PostgresBroker:
         self._url: str | None = None
         self._pid = os.getpid()
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._identity: DatabaseIdentity | None = None
 
     # -- where and how -------------------------------------------------------
 
@@ -73,6 +75,12 @@ class PostgresBroker:
                         ensure_schema(conn, auto_migrate=self.auto_migrate)
                     self._url = url
         return self._url
+
+    def identity(self) -> DatabaseIdentity:
+        """Which database (and tether_tasks table) the app uses; asked once, then remembered."""
+        if self._identity is None:
+            self._identity = self.run(database_identity)
+        return self._identity
 
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Row]:
         """A dedicated connection (for listeners and worker children), not from the pool."""

@@ -6,14 +6,14 @@ order: ``dataclasses.asdict`` of one is what the CLI and the dashboard print as 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from tether.broker.queries import q
-from tether.broker.types import Conn
+from tether.broker.types import AsyncConn, Conn
 
 # -- sending ----------------------------------------------------------------
 
@@ -32,6 +32,10 @@ class SendSpec:
     good_until: datetime | None
     delay: timedelta
     durable: bool  # False: the commit does not wait for its WAL flush
+    run_at: datetime | None = None  # a time asked for; None: now() + delay
+    # True inside the caller's transaction: NOTIFY whenever due, never take the waiter lock
+    # (tasks.sql says why).
+    notify_always: bool = False
 
     def params(self) -> dict[str, Any]:
         return {
@@ -43,13 +47,24 @@ class SendSpec:
             "good_until": self.good_until,
             "delay": self.delay,
             "durable": self.durable,
+            "run_at": self.run_at,
+            "notify_always": self.notify_always,
         }
 
 
 def insert_task(conn: Conn, spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> None:
     """Insert one PENDING task (args and kwargs as JSON text), NOTIFYing if a worker needs telling."""
+    conn.execute(q("insert_task"), _insert_params(spec, task_id, args, kwargs))
+
+
+async def insert_task_async(conn: AsyncConn, spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> None:
+    """insert_task on an async connection (a send inside the caller's async transaction)."""
+    await conn.execute(q("insert_task"), _insert_params(spec, task_id, args, kwargs))
+
+
+def _insert_params(spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> dict[str, Any]:
     # The send path: one dict, built in one go.
-    params = {
+    return {
         "id": task_id,
         "name": spec.name,
         "queue": spec.queue,
@@ -61,29 +76,51 @@ def insert_task(conn: Conn, spec: SendSpec, task_id: UUID, args: str, kwargs: st
         "good_until": spec.good_until,
         "delay": spec.delay,
         "durable": spec.durable,
+        "run_at": spec.run_at,
+        "notify_always": spec.notify_always,
     }
-    conn.execute(q("insert_task"), params)
 
 
 def insert_tasks(
     conn: Conn, spec: SendSpec, ids: Sequence[UUID], args: Sequence[str], kwargs: Sequence[str], *, chunk: int
 ) -> None:
-    """Insert tasks in one transaction, one statement per ``chunk`` of them: all or none.
+    """Insert tasks, one statement per ``chunk`` of them; the caller owns the transaction that
+    makes them all or none.
 
     ``args[i]`` and ``kwargs[i]`` are task ``ids[i]``'s, as JSON text.
     """
     statement = q("insert_tasks")
+    for params in _batches(spec, ids, args, kwargs, chunk):
+        conn.execute(statement, params)
+
+
+async def insert_tasks_async(
+    conn: AsyncConn,
+    spec: SendSpec,
+    ids: Sequence[UUID],
+    args: Sequence[str],
+    kwargs: Sequence[str],
+    *,
+    chunk: int,
+) -> None:
+    """insert_tasks on an async connection (inside the caller's async transaction)."""
+    statement = q("insert_tasks")
+    for params in _batches(spec, ids, args, kwargs, chunk):
+        await conn.execute(statement, params)
+
+
+def _batches(
+    spec: SendSpec, ids: Sequence[UUID], args: Sequence[str], kwargs: Sequence[str], chunk: int
+) -> Iterator[dict[str, Any]]:
     base = spec.params()
-    with conn.transaction():
-        for start in range(0, len(ids), chunk):
-            end = start + chunk
-            params = {
-                **base,
-                "ids": ",".join(map(str, ids[start:end])),
-                "args": "[" + ",".join(args[start:end]) + "]",
-                "kwargs": "[" + ",".join(kwargs[start:end]) + "]",
-            }
-            conn.execute(statement, params)
+    for start in range(0, len(ids), chunk):
+        end = start + chunk
+        yield {
+            **base,
+            "ids": ",".join(map(str, ids[start:end])),
+            "args": "[" + ",".join(args[start:end]) + "]",
+            "kwargs": "[" + ",".join(kwargs[start:end]) + "]",
+        }
 
 
 # -- reading one task -------------------------------------------------------

@@ -15,6 +15,9 @@ Row = dict[str, Any]
 Conn = psycopg.Connection[Row]
 AsyncConn = psycopg.AsyncConnection[Row]
 AsyncPool = AsyncConnectionPool[AsyncConn]
+#: A connection the caller owns and lends for one send (any row factory): docs/transactions.md.
+CallerConn = psycopg.Connection[Any]
+AsyncCallerConn = psycopg.AsyncConnection[Any]
 
 #: Any error from the database or the driver.
 DatabaseError = psycopg.Error

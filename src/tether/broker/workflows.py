@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from tether.broker.queries import q
-from tether.broker.types import Conn
+from tether.broker.types import AsyncConn, Conn, Row
 
 WorkflowId = uuid.UUID | str
 
@@ -79,20 +79,36 @@ class Enqueued:
 
 
 def insert_workflow(conn: Conn, workflow: NewWorkflow) -> None:
-    conn.execute(
-        q("insert_workflow"),
-        {
-            "id": workflow.id,
-            "name": workflow.name,
-            "on_error": workflow.on_error,
-            "output_node": workflow.output_node,
-            "steps_total": workflow.steps_total,
-        },
-    )
+    conn.execute(q("insert_workflow"), _workflow_params(workflow))
+
+
+async def insert_workflow_async(conn: AsyncConn, workflow: NewWorkflow) -> None:
+    """insert_workflow on an async connection (a start inside the caller's async transaction)."""
+    await conn.execute(q("insert_workflow"), _workflow_params(workflow))
+
+
+def _workflow_params(workflow: NewWorkflow) -> dict[str, Any]:
+    return {
+        "id": workflow.id,
+        "name": workflow.name,
+        "on_error": workflow.on_error,
+        "output_node": workflow.output_node,
+        "steps_total": workflow.steps_total,
+    }
 
 
 def insert_workflow_steps(conn: Conn, workflow_id: WorkflowId, steps: Sequence[NewStep]) -> None:
     """Every step in one statement, sent as one JSON array."""
+    conn.execute(q("insert_workflow_steps"), _steps_params(workflow_id, steps))
+
+
+async def insert_workflow_steps_async(
+    conn: AsyncConn, workflow_id: WorkflowId, steps: Sequence[NewStep]
+) -> None:
+    await conn.execute(q("insert_workflow_steps"), _steps_params(workflow_id, steps))
+
+
+def _steps_params(workflow_id: WorkflowId, steps: Sequence[NewStep]) -> dict[str, Any]:
     document = [
         {
             "node": s.node,
@@ -117,10 +133,7 @@ def insert_workflow_steps(conn: Conn, workflow_id: WorkflowId, steps: Sequence[N
         }
         for s in steps
     ]
-    conn.execute(
-        q("insert_workflow_steps"),
-        {"workflow_id": workflow_id, "steps": json.dumps(document, separators=(",", ":"))},
-    )
+    return {"workflow_id": workflow_id, "steps": json.dumps(document, separators=(",", ":"))}
 
 
 # -- advancing ---------------------------------------------------------------------------------
@@ -219,6 +232,15 @@ def account_steps(conn: Conn, workflow_id: WorkflowId, *, done: int, failed: int
 def enqueue_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> Enqueued:
     """Turn these READY steps into tasks (their fed arguments filled in), taking their keys."""
     row = conn.execute(q("enqueue_steps"), {"workflow_id": workflow_id, "task_ids": task_ids}).fetchone()
+    return _enqueued(row)
+
+
+async def enqueue_steps_async(conn: AsyncConn, workflow_id: WorkflowId, task_ids: list[str]) -> Enqueued:
+    cursor = await conn.execute(q("enqueue_steps"), {"workflow_id": workflow_id, "task_ids": task_ids})
+    return _enqueued(await cursor.fetchone())
+
+
+def _enqueued(row: Row | None) -> Enqueued:
     if row is None:
         return Enqueued(0, [])
     return Enqueued(int(row["enqueued"]), [str(t) for t in row["refused"] or ()])
@@ -227,6 +249,11 @@ def enqueue_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> E
 def ready_steps(conn: Conn, workflow_id: WorkflowId) -> list[str]:
     """The task ids of every READY step of the workflow (reads the whole workflow)."""
     return [str(r["task_id"]) for r in conn.execute(q("ready_steps"), {"workflow_id": workflow_id})]
+
+
+async def ready_steps_async(conn: AsyncConn, workflow_id: WorkflowId) -> list[str]:
+    cursor = await conn.execute(q("ready_steps"), {"workflow_id": workflow_id})
+    return [str(r["task_id"]) for r in await cursor.fetchall()]
 
 
 # -- pausing, resuming, cancelling -------------------------------------------------------------

@@ -1,1 +1,1 @@
-"""Integrations with other frameworks; each is an optional extra (``tether[django]``)."""
+"""Adapters to other libraries (each an optional extra): tether.contrib.sqlalchemy, tether.contrib.django."""

@@ -21,10 +21,13 @@ from typing import Any, Literal, Protocol, TypedDict
 
 from tether import codec
 from tether.app_view import AppView
+from tether.broker.types import AsyncCallerConn, CallerConn
 from tether.broker.workflows import NewStep, NewWorkflow, StepFeed
+from tether.caller_transaction import check_connection, run_in, run_in_async
 from tether.config import RetryPolicy
 from tether.errors import SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
+from tether.offload import in_thread
 from tether.options import SendOptions
 from tether.result import TaskResult
 from tether.workflow import engine
@@ -321,17 +324,35 @@ class Workflow:
         )
         return workflow, steps
 
-    def start(self) -> WorkflowHandle:
-        """Write the workflow and enqueue its first steps (one transaction)."""
+    def start(self, *, connection: CallerConn | AsyncCallerConn | None = None) -> WorkflowHandle:
+        """Write the workflow and enqueue its first steps (one transaction).
+
+        ``connection``: your psycopg 3 connection with a transaction open; the workflow is
+        written in that transaction and commits or rolls back with it (docs/transactions.md).
+        """
         workflow_id = new_task_id()
         workflow, steps = self.rows(workflow_id)
-        self.app.broker.run(lambda conn: engine.start(conn, workflow, steps), idempotent_insert=True)
+        if connection is None:
+            self.app.broker.run(lambda conn: engine.start(conn, workflow, steps), idempotent_insert=True)
+        else:
+            lent = check_connection(connection)
+            run_in(self.app.broker, lent, "start()", lambda conn: engine.write_start(conn, workflow, steps))
         return WorkflowHandle(self.app, workflow_id, self.name)
 
-    async def start_async(self) -> WorkflowHandle:
-        import asyncio
-
-        return await asyncio.to_thread(self.start)
+    async def start_async(self, *, connection: CallerConn | AsyncCallerConn | None = None) -> WorkflowHandle:
+        """start(), for async code; ``connection`` is then a psycopg AsyncConnection."""
+        if connection is None:
+            return await in_thread(self.start)
+        lent = check_connection(connection)
+        workflow_id = new_task_id()
+        workflow, steps = self.rows(workflow_id)
+        await run_in_async(
+            self.app.broker,
+            lent,
+            "start_async()",
+            lambda conn: engine.write_start_async(conn, workflow, steps),
+        )
+        return WorkflowHandle(self.app, workflow_id, self.name)
 
 
 def _node_names(workflow: str, nodes: Sequence[Node], app: AppView) -> list[str]:

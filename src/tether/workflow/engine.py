@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tether.broker import workflows
-from tether.broker.types import Conn
+from tether.broker.types import AsyncConn, Conn
 from tether.broker.workflows import ChangedStep, DependentUpdate, NewStep, NewWorkflow
 
 log = logging.getLogger("tether.workflow")
@@ -37,9 +37,37 @@ class Advanced:
 def start(conn: Conn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
     """Write the workflow and its steps, and enqueue the steps that wait for nothing."""
     with conn.transaction():
-        workflows.insert_workflow(conn, workflow)
-        workflows.insert_workflow_steps(conn, workflow.id, steps)
-        _enqueue_all_ready(conn, workflow.id, workflow.name)
+        write_start(conn, workflow, steps)
+
+
+def write_start(conn: Conn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
+    """start's statements, in the caller's transaction (the caller makes them all or none)."""
+    workflows.insert_workflow(conn, workflow)
+    workflows.insert_workflow_steps(conn, workflow.id, steps)
+    _enqueue_all_ready(conn, workflow.id, workflow.name)
+
+
+async def write_start_async(conn: AsyncConn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
+    """write_start on the caller's async connection, in the caller's async transaction.
+
+    A first step refused because another task holds its unique key is written FAILED
+    (UNIQUE_KEY_HELD) as on the sync path, but settling it in its workflow (on_error) is
+    left to the reaper's reconciliation, which does it within one check interval of the
+    commit: the settling rules exist once, on the sync side.
+    """
+    await workflows.insert_workflow_async(conn, workflow)
+    await workflows.insert_workflow_steps_async(conn, workflow.id, steps)
+    ready = await workflows.ready_steps_async(conn, workflow.id)
+    if ready:
+        enqueued = await workflows.enqueue_steps_async(conn, workflow.id, ready)
+        if enqueued.refused:
+            log.info(
+                "workflow %s (%s): first steps %s refused, their unique keys held; the reaper "
+                "settles them after your commit",
+                workflow.id,
+                workflow.name,
+                enqueued.refused,
+            )
 
 
 def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UUID | str]) -> Advanced:

@@ -5,6 +5,15 @@
 -- migration 0005). Otherwise nobody needs telling: every worker of the queue
 -- is busy and claims again when a slot frees. Skipping the NOTIFY lets
 -- concurrent sends share WAL flushes (NOTIFY serialises commits).
+--
+-- notify_always: a send inside the caller's own transaction (docs/transactions.md)
+-- NOTIFYs whenever its task is due, without asking tether_work_is_awaited: that
+-- check holds the queue's waiter lock (shared) until commit, and a transaction the
+-- application keeps open for seconds would hold back every worker registering to
+-- wait on that queue, and every send queued behind that worker. The NOTIFY itself
+-- is delivered at commit, and never after a rollback.
+-- run_at: the time a send asked for (schedule(when=datetime)); NULL means now()
+-- plus delay. now() is the transaction's start, in the caller's transaction too.
 
 -- name: insert_task
 -- durable false (PostgresConfig.durable_sends / with_options(durable=False)): this
@@ -18,13 +27,14 @@ WITH ins AS (
                               retry_policy, good_until, run_at, enqueued_at)
     SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-           now() + %(delay)s::interval, now() + %(delay)s::interval
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval)
     FROM (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
          AS commit_mode
     RETURNING queue, run_at
 )
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins
-WHERE run_at > now() OR tether_work_is_awaited(queue);
+WHERE run_at > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END;
 
 -- name: insert_tasks
 -- send_many: one statement for the whole batch. The per-task columns arrive as
@@ -35,7 +45,8 @@ WITH ins AS (
                               retry_policy, good_until, run_at, enqueued_at)
     SELECT u.id::uuid, %(name)s, %(queue)s, %(priority)s, u.args, u.kwargs,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-           now() + %(delay)s::interval, now() + %(delay)s::interval
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval)
     FROM ROWS FROM (
         unnest(string_to_array(%(ids)s, ',')),
         jsonb_array_elements(%(args)s::jsonb),
@@ -48,7 +59,7 @@ WITH ins AS (
 )
 SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
 FROM ins GROUP BY queue
-HAVING min(run_at) > now() OR tether_work_is_awaited(queue);
+HAVING min(run_at) > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END;
 
 -- name: get_task
 SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,

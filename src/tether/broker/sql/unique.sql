@@ -39,13 +39,14 @@ WITH commit_mode AS (
                               retry_policy, good_until, run_at, enqueued_at, unique_key)
     SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-           now() + %(delay)s::interval, now() + %(delay)s::interval, %(unique_key)s
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(unique_key)s
     FROM key WHERE key.task_id = %(id)s
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, run_at
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins
-    WHERE run_at > now() OR tether_work_is_awaited(queue)
+    WHERE run_at > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END
 )
 SELECT task_id, (SELECT count(*) FROM woken) AS woken FROM key;
 
@@ -82,13 +83,14 @@ WITH proposed AS (
                               retry_policy, good_until, run_at, enqueued_at, unique_key)
     SELECT p.id, %(name)s, %(queue)s, %(priority)s, p.args, p.kwargs,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-           now() + %(delay)s::interval, now() + %(delay)s::interval, p.unique_key
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), p.unique_key
     FROM proposed p JOIN key ON key.task_id = p.id
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, run_at
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM ins GROUP BY queue
-    HAVING min(run_at) > now() OR tether_work_is_awaited(queue)
+    HAVING min(run_at) > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END
 )
 SELECT unique_key, task_id, (SELECT count(*) FROM woken) AS woken FROM key;
