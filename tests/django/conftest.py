@@ -115,4 +115,3 @@ def task_row(task_id: Any) -> dict[str, Any] | None:
     with connect(os.environ["TETHER_DATABASE_URL"]) as conn:
         row = conn.execute("SELECT * FROM tether_tasks WHERE id = %s", (str(task_id),)).fetchone()
     return None if row is None else dict(row)
-

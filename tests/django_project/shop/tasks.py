@@ -94,3 +94,15 @@ def hang(token: str) -> None:
     """Blocks until killed; it has no retry policy, so a crash is final."""
     ran(token, "hang")
     time.sleep(300)
+
+
+@task
+def gated(key: int, token: str) -> str:
+    """Runs until the test releases advisory lock ``key`` (which it holds before enqueueing)."""
+    from django.db import connection
+
+    ran(token, "gated")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [key])
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+    return "through"

@@ -85,8 +85,14 @@ class TetherBackend(BaseTaskBackend):  # type: ignore[misc]  # Django has no typ
             )
         args = normalize_json(list(args))
         kwargs = normalize_json(dict(kwargs))
-        bound = self.tether_task(task).with_options(queue=task.queue_name, priority=task.priority)
-        handle = sending.send(bound, task.run_after, args, kwargs, self.settings.database)
+        handle = sending.send(
+            self.tether_task(task),
+            {"queue": task.queue_name, "priority": task.priority},
+            task.run_after,
+            args,
+            kwargs,
+            self.settings.database,
+        )
         result = TaskResult(
             task=task,
             id=str(handle.id),
