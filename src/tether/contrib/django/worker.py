@@ -105,12 +105,14 @@ def _resolve(backend: TetherBackend, name: str) -> Task[Any, Any] | None:
 
 
 def cli_worker_app(settings_module: str, backend_alias: str) -> tuple[Tether, str]:
-    """For ``tether worker --django``: the app and its path; a bad setup is a ValueError,
-    which the tether command prints as one line (not a traceback)."""
-    from tether.worker.app_loader import load_app
-
+    """For ``tether worker --django``: the app and the path its children load. A bad setup is
+    a ValueError, which the tether command prints as one line (not a traceback)."""
+    path = prepare(settings_module, backend_alias)
     try:
-        path = prepare(settings_module, backend_alias)
-        return load_app(path), path
+        return load_worker_app(), path
     except ImproperlyConfigured as exc:
         raise ValueError(f"Django: {exc}") from exc
+    except ImportError as exc:
+        if exc.name is None or not settings_module.startswith(exc.name):
+            raise  # an import inside the project failed: its traceback says where
+        raise ValueError(f"Django: cannot import settings {settings_module!r}: {exc}") from exc
