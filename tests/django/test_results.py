@@ -196,3 +196,35 @@ def test_a_tether_workflow_of_django_tasks(worker: WorkerProcess, backend: Any) 
     step = backend.get_result(flow.task("second").id)
     assert str(step.status) == "SUCCESSFUL" and step.return_value == 13
     assert (step.args, step.kwargs) == ([10], {"b": 3})  # b fed from the first step's result
+
+
+def test_without_use_tz_times_are_naive_in_the_default_time_zone(django_project: None, backend: Any) -> None:
+    from datetime import UTC, timedelta
+
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from tests.django_project.shop import tasks
+
+    with override_settings(USE_TZ=False):  # TIME_ZONE is UTC in the test project
+        run_after = timezone.now() + timedelta(hours=1)
+        assert timezone.is_naive(run_after)
+        result = tasks.batch_item.using(run_after=run_after).enqueue(token(), "later")
+        row = task_row(result.id)
+        assert row is not None and row["run_at"] == run_after.replace(tzinfo=UTC)
+        fetched = backend.get_result(result.id)
+        assert timezone.is_naive(fetched.enqueued_at) and fetched.enqueued_at == row["sent_at"].replace(
+            tzinfo=None
+        )
+    assert backend.app.handle(result.id).cancel()
+
+
+def test_a_unique_send_of_a_django_task(django_project: None, backend: Any) -> None:
+    from tests.django_project.shop import tasks
+
+    key = f"invoice-{token()}"
+    record = backend.tether_task(tasks.record).with_options(queue="batch", unique_key=key)
+    first, again = record.send(token()), record.send(token())
+    assert again.id == first.id and again.deduplicated and not first.deduplicated
+    assert str(backend.get_result(str(first.id)).status) == "READY"
+    assert first.cancel()

@@ -19,10 +19,13 @@ from __future__ import annotations
 import builtins
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
+from django.utils import timezone
 
 from tether import codec
 from tether.app import Tether
@@ -87,10 +90,10 @@ def to_django(stored: StoredTask, task: Any, backend_alias: str, queues: set[str
         task=task.using(**changes),
         id=str(row.id),
         status=STATUSES[status],
-        enqueued_at=row.sent_at,
-        started_at=ran[0].started_at if ran else row.started_at,
-        finished_at=_finished_at(row),
-        last_attempted_at=row.started_at or (ran[-1].started_at if ran else None),
+        enqueued_at=django_time(row.sent_at),
+        started_at=django_time(ran[0].started_at if ran else row.started_at),
+        finished_at=django_time(_finished_at(row)),
+        last_attempted_at=django_time(row.started_at or (ran[-1].started_at if ran else None)),
         args=codec.decode(row.args),
         kwargs=codec.decode(row.kwargs),
         backend=backend_alias,
@@ -100,6 +103,14 @@ def to_django(stored: StoredTask, task: Any, backend_alias: str, queues: set[str
     if status is TaskStatus.COMPLETED and result is not None and result.is_ok:
         object.__setattr__(django_result, "_return_value", result.ok)
     return django_result
+
+
+def django_time(value: datetime | None) -> datetime | None:
+    """A database time as Django shows it: aware with USE_TZ, else naive in settings.TIME_ZONE."""
+    if value is None or settings.USE_TZ:
+        return value
+    naive: datetime = timezone.make_naive(value, timezone.get_default_timezone())
+    return naive
 
 
 def decoded_result(row: TaskRow) -> Any:
