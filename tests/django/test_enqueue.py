@@ -125,6 +125,25 @@ def test_enqueue_outside_atomic_commits_at_once(
     assert finished(result).return_value == tok
 
 
+def test_with_autocommit_off_the_task_joins_the_open_transaction(worker: WorkerProcess, backend: Any) -> None:
+    from django.db import transaction
+
+    from tests.django_project.shop import tasks
+
+    dropped, kept = token(), token()
+    transaction.set_autocommit(False)
+    try:
+        rolled_back = tasks.record.enqueue(dropped)
+        transaction.rollback()
+        committed = tasks.record.enqueue(kept)
+        assert task_row(committed.id) is None  # not before the commit
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert task_row(rolled_back.id) is None
+    assert finished(committed).return_value == kept and runs(dropped) == []
+
+
 def test_django_on_commit_pattern_still_works(worker: WorkerProcess, backend: Any) -> None:
     """What Django's docs recommend for other backends: enqueue in on_commit."""
     from django.db import transaction
