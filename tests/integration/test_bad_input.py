@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import ModuleType
 from typing import Any
@@ -134,6 +134,16 @@ def test_priority_limits_are_accepted(basic: ModuleType, db: psycopg.Connection[
 def test_bad_delay(basic: ModuleType, refused: Callable[..., str], delay: Any) -> None:
     message = refused(InvalidOptionError, basic.add.schedule, delay, 1, 2)
     assert "delay" in message
+
+
+def test_a_time_to_run_at_must_be_aware_and_within_3650_days(
+    basic: ModuleType, refused: Callable[..., str]
+) -> None:
+    message = refused(InvalidOptionError, basic.add.schedule, datetime(2030, 1, 1), 1, 2)
+    assert "naive datetime" in message
+    far = datetime.now(UTC) + timedelta(days=3651)
+    message = refused(InvalidOptionError, basic.add.schedule, far, 1, 2)
+    assert "at most 3650 days ahead" in message
 
 
 def test_send_many_with_one_bad_item_enqueues_nothing(basic: ModuleType, refused: Callable[..., str]) -> None:

@@ -409,3 +409,25 @@ def test_a_psycopg2_style_engine_is_refused_with_the_driver_named(basic: Any) ->
     engine = create_engine("sqlite://")
     with engine.connect() as conn, pytest.raises(InvalidOptionError, match="'pysqlite' driver"):
         psycopg_connection(conn)
+
+
+async def test_an_async_start_whose_first_step_key_is_held_is_settled_by_the_reaper(
+    basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, database_url: str
+) -> None:
+    """On an async connection the refused first step is settled after the commit, by the
+    reaper's reconciliation (docs/transactions.md), not left hanging."""
+    holder = basic.sleep.with_options(unique_key="held-by-another").send(0.1)
+    step = basic.sleep.with_options(unique_key="held-by-another").node(args=(0.1,))
+    flow = basic.app.workflow("refused-at-start", [step])
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        handle = await flow.start_async(connection=conn)
+        await conn.commit()
+    row = db.execute(
+        "SELECT status, error_code FROM tether_tasks WHERE workflow_id = %s", (handle.id,)
+    ).fetchone()
+    assert (row["status"], row["error_code"]) == ("FAILED", "UNIQUE_KEY_HELD")
+    workers.start(APP, "--processes", "1", env={"TETHER_CHECK_INTERVAL_MS": "1000"})
+    result = await handle.get_async(timeout=20)
+    assert result.err is not None
+    assert (await handle.status_async()).value == "FAILED"
+    assert holder.get(timeout=10).ok == 0.1
