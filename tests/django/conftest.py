@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -40,7 +41,15 @@ def django_project(database_url: str) -> Iterator[None]:
     from django.core.management import call_command
     from django.db import connections
 
+    tz = os.environ.get("TZ")
     django.setup()
+    # Django sets the process's TZ to TIME_ZONE; the rest of the suite keeps the machine's.
+    if os.environ.get("TZ") != tz:
+        if tz is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = tz
+        time.tzset()
     call_command("migrate", run_syncdb=True, verbosity=0)
     try:
         yield
