@@ -49,23 +49,24 @@ def lent_state(conn: CallerConn | AsyncCallerConn) -> LentState:
 @contextmanager
 def borrowed(conn: CallerConn) -> Iterator[Conn]:
     """The caller's connection, reading dict rows through psycopg's own cursor, for a moment."""
-    saved = (conn.row_factory, conn.cursor_factory)
-    conn.row_factory = dict_row
-    conn.cursor_factory = psycopg.Cursor
-    try:
+    with _factories(conn, psycopg.Cursor):
         yield cast(Conn, conn)
-    finally:
-        conn.row_factory, conn.cursor_factory = saved
 
 
 @contextmanager
 def borrowed_async(conn: AsyncCallerConn) -> Iterator[AsyncConn]:
     """As borrowed, for an async connection (setting the factories does no I/O)."""
-    saved: tuple[Any, Any] = (conn.row_factory, conn.cursor_factory)
-    conn.row_factory = dict_row
-    conn.cursor_factory = psycopg.AsyncCursor
-    try:
+    with _factories(conn, psycopg.AsyncCursor):
         yield cast(AsyncConn, conn)
+
+
+@contextmanager
+def _factories(conn: Any, cursor_factory: Any) -> Iterator[None]:
+    saved = (conn.row_factory, conn.cursor_factory)
+    conn.row_factory = dict_row
+    conn.cursor_factory = cursor_factory
+    try:
+        yield
     finally:
         conn.row_factory, conn.cursor_factory = saved
 
