@@ -158,9 +158,13 @@ def test_a_deploy_changes_one_schedule_and_removes_another(
     wait_until(lambda: slot_tasks(db, "kept") and slot_tasks(db, "dropped"), message="both schedules to fire")
     # A rolling deploy: the new code starts while the old still runs.
     new = workers.start(APP, "--processes", "1", env=new_code)
-    deployed_at = db.execute("SELECT changed_at FROM tether_schedules WHERE name = 'kept'").fetchone()[
-        "changed_at"
-    ]
+    # The new worker syncs its declarations in its scheduler's first tick, which may come
+    # after its startup is logged: read changed_at once the new definition is stored.
+    stored = "SELECT cron, changed_at FROM tether_schedules WHERE name = 'kept'"
+    deployed_at = wait_until(
+        lambda: (row := db.execute(stored).fetchone())["cron"] == "*/3 * * * * *" and row["changed_at"],
+        message="the new worker to store the new definition",
+    )
     wait_until(
         lambda: len([t for t in slot_tasks(db, "kept") if t["slot"] > deployed_at]) >= 3,
         message="three slots by the new expression",
