@@ -89,7 +89,10 @@ async def run_in_async(
             f"or call {call.replace('_async()', '()')} with the sync one"
         )
     _refuse_state(conn, call)
-    ours = await in_thread(broker.identity)  # remembered after the first call
+    # Asked in a thread only the first time: later sends must not pay a thread hop each.
+    ours = broker.remembered_identity
+    if ours is None:
+        ours = await in_thread(broker.identity)
     with borrowed_async(conn) as lent:
         theirs = _identities.get(conn)
         if theirs is None:

@@ -82,6 +82,11 @@ class PostgresBroker:
             self._identity = self.run(database_identity)
         return self._identity
 
+    @property
+    def remembered_identity(self) -> DatabaseIdentity | None:
+        """identity() if it was asked already (no I/O), else None."""
+        return self._identity
+
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Row]:
         """A dedicated connection (for listeners and worker children), not from the pool."""
         return connect(self.url, self.config, autocommit=autocommit)
