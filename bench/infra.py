@@ -111,8 +111,9 @@ def bench_worker(
     extra_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     exclusive: bool = True,
+    app_path: str = "bench.apps:app",
 ) -> WorkerProcess:
-    """``python -m tether worker bench.apps:app --processes N``, to start in its own session.
+    """``python -m tether worker APP_PATH --processes N``, to start in its own session.
 
     The worker inherits this process's environment without RECOVERY_ENV, plus ``env``
     (TETHER_* settings), on the bench database. ``extra_args``: more `tether worker` options.
@@ -125,7 +126,7 @@ def bench_worker(
     worker_env["TETHER_DATABASE_URL"] = db.url
     worker_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), worker_env.get("PYTHONPATH", "")) if p)
     return WorkerProcess(
-        "bench.apps:app",
+        app_path,
         db.url,
         log_path,
         args=extra_args,

@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # `python bench/run.py`: make `bench` importable
 from tests.harness import REPO
 
 from bench.apps import make_app
+from bench.async_tasks import ASYNC_SCENARIOS
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
@@ -48,6 +49,7 @@ SCENARIOS = {
     **RECOVERY_SCENARIOS,
     **WORKFLOW_SCENARIOS,
     **PERIODIC_SCENARIOS,
+    **ASYNC_SCENARIOS,
 }
 
 

@@ -75,10 +75,17 @@ class Context:
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         exclusive: bool = True,
+        app_path: str = "bench.apps:app",
     ) -> WorkerProcess:
         path = self.log_dir / f"worker-{len(self.workers) + 1}.log"
         worker = bench_worker(
-            self.db, path, processes, extra_args=extra_args, env=dict(env or {}), exclusive=exclusive
+            self.db,
+            path,
+            processes,
+            extra_args=extra_args,
+            env=dict(env or {}),
+            exclusive=exclusive,
+            app_path=app_path,
         )
         self.workers.append(worker)
         return worker.start()

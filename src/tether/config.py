@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 from collections.abc import Iterable
@@ -195,12 +194,21 @@ class WorkerConfig(BaseSettings):
         env_prefix="TETHER_WORKER_", frozen=True, extra="forbid", allow_inf_nan=False
     )
 
-    # Clamped so the default never fails validation on a machine with more than 256 CPUs.
-    processes: Int = Field(default_factory=lambda: min(os.cpu_count() or 1, 256), ge=1, le=256)
+    # Sync child processes (one task at a time each). None = the machine's CPU count when
+    # the app has sync tasks (clamped to 256), else 0; see tether.worker.lanes.
+    processes: OptInt = Field(default=None, ge=0, le=256)
+    # Async child processes (many `async def` tasks at once each). None = 1 when the app
+    # has async tasks, else 0.
+    async_processes: OptInt = Field(default=None, ge=0, le=256)
+    # How many async tasks one async child runs at once.
+    async_concurrency: Int = Field(default=100, ge=1, le=10_000)
+    # An async task past its time limit is cancelled; its child is killed if the task has
+    # not ended this long after.
+    cancel_grace_s: Float = Field(default=5.0, ge=0, le=3_600)
     queues: OptQueueList = None  # None = every queue the app declares
-    # Claimed-but-not-started tasks a worker may hold beyond its running ones;
-    # None = PREFETCH_PER_PROCESS (4) x processes (see effective_prefetch).
-    prefetch: OptInt = Field(default=None, ge=0, le=1_000)
+    # Claimed-but-not-started tasks each kind of child may hold beyond its running ones;
+    # None = PREFETCH_PER_PROCESS (4) per sync process, async_concurrency per async process.
+    prefetch: OptInt = Field(default=None, ge=0, le=100_000)
     # The fallback poll when no NOTIFY arrives (a notification can be lost on reconnect).
     poll_interval_ms: Int = Field(default=1_000, ge=10, le=60_000)
     grace_period_s: Float = Field(default=30.0, ge=0, le=86_400)
@@ -211,13 +219,11 @@ class WorkerConfig(BaseSettings):
     def _check_queues(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else _check_queue_names("queues", value)
 
-    @property
-    def effective_prefetch(self) -> int:
-        """Claimed tasks held beyond the running ones. Default 4 per process: enough
-        that children never wait for the claim loop on short tasks (measured: 439
-        no-op tasks/s at 1 per process, 710 at 4, 831 at 16), while a claim holds
-        only a few tasks back from other workers; set 0 for long or uneven tasks."""
-        return PREFETCH_PER_PROCESS * self.processes if self.prefetch is None else self.prefetch
+    @model_validator(mode="after")
+    def _some_process(self) -> WorkerConfig:
+        if self.processes == 0 and self.async_processes == 0:
+            raise ValueError("processes and async_processes are both 0: a worker needs at least one child")
+        return self
 
 
 PREFETCH_PER_PROCESS = 4

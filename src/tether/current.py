@@ -1,13 +1,16 @@
 """current_task(): what the code of a running task can know about its own run.
 
-The worker child sets it around each task it runs (a child runs one task at a time, so
-a module global serves threads the task starts too). Integrations that wrap task
+A sync child sets a module global around each task it runs (it runs one task at a time,
+so threads the task starts see it too). An async child runs many tasks at once in one
+event loop: each sets a context variable in its own asyncio task, which asyncio.to_thread
+carries over to the threads it runs. Integrations that wrap task
 functions need it: the Django backend builds Django's TaskContext from it.
 """
 
 from __future__ import annotations
 
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 
@@ -24,13 +27,21 @@ class RunningTask:
 
 
 _current: RunningTask | None = None
+_current_in_context: ContextVar[RunningTask | None] = ContextVar("tether_current_task", default=None)
 
 
 def current_task() -> RunningTask | None:
-    """The task running in this process, or None outside a task run by a tether worker."""
-    return _current
+    """The task running here (this asyncio task, or this process), or None outside a task
+    run by a tether worker."""
+    return _current_in_context.get() or _current
 
 
 def set_current_task(task: RunningTask | None) -> None:
+    """For the one task a sync child runs (process-wide)."""
     global _current
     _current = task
+
+
+def set_current_task_in_context(task: RunningTask) -> None:
+    """For one task of an async child: set inside that task's own asyncio task."""
+    _current_in_context.set(task)

@@ -8,13 +8,16 @@ mistaken for a silent one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 Reporter = Callable[[dict[str, Any]], bool]
 
-# Set by the worker child while a task runs (a child runs one task at a time, so
-# a plain module global also works from threads the task starts).
+# Set by a sync child while a task runs (it runs one task at a time, so a plain module
+# global also works from threads the task starts); an async child sets the context
+# variable inside each task's own asyncio task (see tether.current).
 _reporter: Reporter | None = None
+_reporter_in_context: ContextVar[Reporter | None] = ContextVar("tether_progress_reporter", default=None)
 
 
 def report_progress(stage: str, progress: float | None = None, message: str | None = None) -> bool:
@@ -23,7 +26,7 @@ def report_progress(stage: str, progress: float | None = None, message: str | No
     Returns False when the task is no longer this worker's (it was recovered
     elsewhere): the task may then stop early, its outcome will not be recorded.
     """
-    reporter = _reporter
+    reporter = _reporter_in_context.get() or _reporter
     if reporter is None:
         raise RuntimeError(
             "report_progress() can only be called from inside a task running in a tether worker"
@@ -42,3 +45,7 @@ def report_progress(stage: str, progress: float | None = None, message: str | No
 def set_reporter(reporter: Reporter | None) -> None:
     global _reporter
     _reporter = reporter
+
+
+def set_reporter_in_context(reporter: Reporter) -> None:
+    _reporter_in_context.set(reporter)

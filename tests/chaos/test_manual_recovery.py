@@ -53,9 +53,9 @@ def test_stale_tasks_of_a_killed_worker_are_listed_then_recovered_by_tether_reco
         message="both RUNNING tasks to be listed as stale",
     )
     assert all(isinstance(t, StaleTask) for t in stale)
-    # Earliest start first. The two children start their tasks at about the same moment, in
-    # either order, so the expected order is read from the rows.
-    by_start = sorted([fail.id, retry.id], key=lambda i: task_row(db, i)["started_at"])
+    # Earliest start first (then by id). The two children start their tasks at about the same
+    # moment, in either order, so the expected order is read from the rows.
+    by_start = sorted([fail.id, retry.id], key=lambda i: (task_row(db, i)["started_at"], str(i)))
     assert [t.id for t in stale] == by_start
     for t in stale:
         assert (t.queue, t.attempt, t.worker_id, t.worker_status) == ("default", 1, a.worker_id, "active")

@@ -23,6 +23,9 @@ from tether.config import AppConfig, PostgresConfig
 from tether.outcomes import Outcome
 from tether.worker.recorder import Recorder
 
+# The claim's parameters for a worker with one kind of child (worker/lanes.py).
+NO_ASYNC_LANE = {"async_limit": 0, "async_names": []}
+
 A, B = "host-1-aaaa", "host-2-bbbb"
 COMPLETED = Outcome("COMPLETED", '{"ok": 3}', None, None, None)
 FAILED = Outcome("FAILED", '{"err": {"code": "X", "message": "m", "data": null}}', "X", "m", None)
@@ -47,7 +50,15 @@ def recorders(database_url: str) -> Iterator[tuple[Recorder, Recorder]]:
 
 def claim(db: psycopg.Connection[Any], worker_id: str, limit: int = 1) -> list[TaskPayload]:
     rows = db.execute(
-        q("claim_tasks"), {"queues": ["default"], "limit": limit, "worker_id": worker_id, "skip_names": []}
+        q("claim_tasks"),
+        {
+            "queues": ["default"],
+            "limit": limit,
+            "other_limit": limit,
+            **NO_ASYNC_LANE,
+            "worker_id": worker_id,
+            "skip_names": [],
+        },
     ).fetchall()
     return sorted((TaskPayload.from_row(r) for r in rows), key=lambda t: t.id)
 

@@ -53,7 +53,7 @@ def test_a_task_past_its_time_limit_fails_and_the_worker_carries_on(
     assert runs(db, token) == 1
     # The only child was killed; its replacement runs the next task, within the limit.
     assert basic.limited.send(0.01).get(timeout=WAIT).ok == 0.01
-    assert "exceeded its time limit of 0.5s: killing child 0" in worker.log()
+    assert "exceeded its time limit of 0.5s: killing sync child 0" in worker.log()
 
 
 def test_a_limit_never_reaches_the_next_task_of_the_same_child(

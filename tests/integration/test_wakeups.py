@@ -26,6 +26,9 @@ from tether.broker.worker_pool import WorkerPool
 from tether.config import AppConfig, PostgresConfig
 from tether.worker import notify_registration
 
+# The claim's parameters for a worker with one kind of child (worker/lanes.py).
+NO_ASYNC_LANE = {"async_limit": 0, "async_names": []}
+
 APP = "tests.apps.basic:app"
 
 
@@ -53,6 +56,8 @@ def fake_worker(db: psycopg.Connection[Any], queues: list[str]) -> str:
             "process_started_at": None,
             "queues": queues,
             "processes": 1,
+            "async_processes": 0,
+            "async_concurrency": None,
             "version": "test",
             "task_names": [],
             "host_key": None,
@@ -138,7 +143,14 @@ def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
         assert waiters(db) == {("default", worker_id)}
         claimed = registrar.execute(
             q("claim_tasks"),
-            {"queues": ["default"], "limit": 10, "worker_id": worker_id, "skip_names": []},
+            {
+                "queues": ["default"],
+                "limit": 10,
+                "other_limit": 10,
+                **NO_ASYNC_LANE,
+                "worker_id": worker_id,
+                "skip_names": [],
+            },
         ).fetchall()
     assert [r["id"] for r in claimed] == [task_id]
 
@@ -185,12 +197,15 @@ def test_a_worker_waits_when_idle_and_stops_waiting_through_a_backlog(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
     # No fallback poll within the test's time: only a notification or a freed slot wakes it.
+    # One kind of child only: an idle async child would have room, and so wait for work.
     worker = workers.start(
         APP,
         "--queues",
         "default,images",
         "--processes",
         "1",
+        "--async-processes",
+        "0",
         env={"TETHER_WORKER_POLL_INTERVAL_MS": "60000"},
     )
     wid = worker.worker_id

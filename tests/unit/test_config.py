@@ -269,19 +269,24 @@ def test_mask_url(url: str, masked: str) -> None:
 
 def test_worker_defaults() -> None:
     config = WorkerConfig()
-    assert config.processes == min(os.cpu_count() or 1, 256)
+    assert (config.processes, config.async_processes, config.async_concurrency) == (None, None, 100)
     assert (config.queues, config.prefetch, config.poll_interval_ms) == (None, None, 1_000)
-    assert (config.grace_period_s, config.claim_batch_size) == (30.0, 100)
-    assert config.effective_prefetch == 4 * config.processes
+    assert (config.grace_period_s, config.claim_batch_size, config.cancel_grace_s) == (30.0, 100, 5.0)
 
 
 @pytest.mark.parametrize(
     ("field", "bad", "good"),
     [
-        ("processes", 0, 1),
+        ("processes", -1, 0),
         ("processes", 257, 256),
+        ("async_processes", -1, 0),
+        ("async_processes", 257, 256),
+        ("async_concurrency", 0, 1),
+        ("async_concurrency", 10_001, 10_000),
+        ("cancel_grace_s", -0.1, 0),
+        ("cancel_grace_s", 3_600.5, 3_600),
         ("prefetch", -1, 0),
-        ("prefetch", 1_001, 1_000),
+        ("prefetch", 100_001, 100_000),
         ("poll_interval_ms", 9, 10),
         ("poll_interval_ms", 60_001, 60_000),
         ("grace_period_s", -0.1, 0),
@@ -295,10 +300,8 @@ def test_worker_bounds(field: str, bad: Any, good: Any) -> None:
     _fails(WorkerConfig, field, **_one(field, bad))
 
 
-def test_effective_prefetch() -> None:
-    assert WorkerConfig(processes=4).effective_prefetch == 16
-    assert WorkerConfig(processes=4, prefetch=0).effective_prefetch == 0
-    assert WorkerConfig(processes=4, prefetch=9).effective_prefetch == 9
+def test_a_worker_needs_a_child() -> None:
+    _fails(WorkerConfig, "processes and async_processes are both 0", processes=0, async_processes=0)
 
 
 @pytest.mark.parametrize("queues", [[], ["ok", "bad name"], ["a", "a"], ["x" * 65]])
@@ -314,7 +317,6 @@ def test_worker_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     config = WorkerConfig()
     assert config.queues == ["default", "images"]
     assert (config.processes, config.prefetch, config.grace_period_s) == (3, None, 2.5)
-    assert config.effective_prefetch == 12
     monkeypatch.setenv("TETHER_WORKER_QUEUES", '["a", "b"]')
     assert WorkerConfig().queues == ["a", "b"]
     monkeypatch.setenv("TETHER_WORKER_QUEUES", "")

@@ -31,7 +31,7 @@ def slot() -> Iterator[ChildSlot]:
     process = ctx.Process(target=time.sleep, args=(60,), daemon=True)
     process.start()
     try:
-        yield ChildSlot(0, process, parent_end)
+        yield ChildSlot(0, "sync", process, parent_end)
     finally:
         if process.is_alive():
             process.kill()
@@ -47,51 +47,82 @@ async def died(slot: ChildSlot, timeout: float = 5.0) -> bool:
 
 async def test_a_task_past_its_limit_has_its_child_killed_and_says_why(slot: ChildSlot) -> None:
     running = task("a")
-    limits = TimeLimits(lambda name: LIMIT_S, lambda index: running)
+    limits = TimeLimits(lambda name: (LIMIT_S, False), lambda index: [running], 0.0)
     limits.started(slot, running)
     assert await died(slot)
-    assert slot.killed_for is not None
-    assert slot.killed_for.code == ErrorCode.TIME_LIMIT_EXCEEDED
-    assert slot.killed_for.data == {"time_limit_s": LIMIT_S}
-    assert "'limited'" in slot.killed_for.message and "0.05s" in slot.killed_for.message
+    error = slot.killed_for["a"]
+    assert error.code == ErrorCode.TIME_LIMIT_EXCEEDED
+    assert error.data == {"time_limit_s": LIMIT_S}
+    assert "'limited'" in error.message and "0.05s" in error.message
 
 
 async def test_a_task_that_finishes_in_time_is_left_alone(slot: ChildSlot) -> None:
     running = task("a")
-    limits = TimeLimits(lambda name: LIMIT_S, lambda index: running)
+    limits = TimeLimits(lambda name: (LIMIT_S, False), lambda index: [running], 0.0)
     limits.started(slot, running)
     limits.finished(slot)
     await asyncio.sleep(PAST_THE_LIMIT_S)  # nothing to await: the point is that nothing happens
-    assert slot.process.is_alive() and slot.killed_for is None
+    assert slot.process.is_alive() and not slot.killed_for
 
 
 async def test_a_timer_never_reaches_the_next_task_of_the_same_child(slot: ChildSlot) -> None:
     first, second = task("a"), task("b")
     now_running = first
-    limits = TimeLimits(lambda name: LIMIT_S if name == "limited" else None, lambda index: now_running)
+    limits = TimeLimits(
+        lambda name: (LIMIT_S, False) if name == "limited" else None, lambda index: [now_running], 0.0
+    )
     limits.started(slot, first)
     now_running = second  # the child moved on without the main process hearing of the end
     await asyncio.sleep(PAST_THE_LIMIT_S)
-    assert slot.process.is_alive() and slot.killed_for is None
+    assert slot.process.is_alive() and not slot.killed_for
 
 
 async def test_a_new_attempt_of_the_same_task_is_not_killed_by_the_old_timer(slot: ChildSlot) -> None:
     now_running = task("a", attempt=1)
-    limits = TimeLimits(lambda name: LIMIT_S, lambda index: now_running)
+    limits = TimeLimits(lambda name: (LIMIT_S, False), lambda index: [now_running], 0.0)
     limits.started(slot, now_running)
     now_running = task("a", attempt=2)
     await asyncio.sleep(PAST_THE_LIMIT_S)
-    assert slot.process.is_alive() and slot.killed_for is None
+    assert slot.process.is_alive() and not slot.killed_for
 
 
 async def test_a_task_without_a_limit_arms_nothing_and_starting_again_rearms(slot: ChildSlot) -> None:
     unlimited, limited = task("a", name="free"), task("b")
     now_running = unlimited
-    limits = TimeLimits(lambda name: LIMIT_S if name == "limited" else None, lambda index: now_running)
+    limits = TimeLimits(
+        lambda name: (LIMIT_S, False) if name == "limited" else None, lambda index: [now_running], 0.0
+    )
     limits.started(slot, unlimited)
     await asyncio.sleep(PAST_THE_LIMIT_S)
     assert slot.process.is_alive()
     now_running = limited
     limits.started(slot, limited)  # the same child's next task: its own limit applies
     assert await died(slot)
-    assert slot.killed_for is not None and slot.killed_for.code == ErrorCode.TIME_LIMIT_EXCEEDED
+    assert slot.killed_for["b"].code == ErrorCode.TIME_LIMIT_EXCEEDED
+
+
+async def test_an_async_task_in_an_async_child_gets_the_cancel_grace_before_the_kill(slot: ChildSlot) -> None:
+    slot.kind = "async"  # its child cancels the task at the limit; the kill waits out the grace
+    running = task("a")
+    grace = 0.6
+    limits = TimeLimits(lambda name: (LIMIT_S, True), lambda index: [running], grace)
+    started = time.monotonic()
+    limits.started(slot, running)
+    assert await died(slot)
+    assert time.monotonic() - started >= LIMIT_S + grace
+    error = slot.killed_for["a"]
+    assert error.code == ErrorCode.TIME_LIMIT_EXCEEDED
+    assert "did not end within 0.6s of being cancelled" in error.message
+    assert slot.crash_reason is not None and "task a (limited) overran its time limit" in slot.crash_reason
+
+
+async def test_an_async_childs_other_tasks_keep_their_own_timers(slot: ChildSlot) -> None:
+    slot.kind = "async"
+    first, second = task("a"), task("b")
+    running = [first, second]
+    limits = TimeLimits(lambda name: (LIMIT_S, True), lambda index: running, 0.0)
+    limits.started(slot, first)
+    limits.started(slot, second)  # an async child runs both: the second does not disarm the first
+    limits.finished(slot, "b")
+    assert await died(slot)
+    assert set(slot.killed_for) == {"a"}

@@ -7,6 +7,7 @@ claim matches no row and changes nothing; the functions say so by returning Fals
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -76,12 +77,29 @@ class FenceState:
 
 
 async def claim_tasks(
-    conn: AsyncConn, *, worker_id: str, queues: list[str], limit: int, skip_names: list[str]
+    conn: AsyncConn,
+    *,
+    worker_id: str,
+    queues: list[str],
+    limit: int,
+    skip_names: list[str],
+    async_names: list[str] | None = None,
+    async_limit: int = 0,
 ) -> list[TaskPayload]:
-    """Claim up to ``limit`` due PENDING tasks of ``queues`` (best priority first)."""
+    """Claim due PENDING tasks of ``queues`` (best priority first): up to ``async_limit`` whose
+    name is in ``async_names`` and up to ``limit`` others, from the first ``limit + async_limit``
+    rows in queue order."""
     cur = await conn.execute(
         q("claim_tasks"),
-        {"queues": queues, "limit": limit, "worker_id": worker_id, "skip_names": skip_names},
+        {
+            "queues": queues,
+            "limit": limit + async_limit,
+            "other_limit": limit,
+            "async_limit": async_limit,
+            "async_names": async_names or [],
+            "worker_id": worker_id,
+            "skip_names": skip_names,
+        },
     )
     return [TaskPayload.from_row(row) for row in await cur.fetchall()]
 
@@ -127,6 +145,69 @@ def record_outcome(
         statement = q("finish_task")
     row = conn.execute(statement, params).fetchone()
     return Recorded(bool(row and row["recorded"]), bool(row and row["next_started"]))
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeWrite:
+    """One outcome of a batch: the task, what happened, and the status its row must have."""
+
+    task: TaskPayload
+    outcome: Outcome
+    expect: str = "RUNNING"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWritten:
+    """What a batch write matched: the ids whose outcome was recorded, and those started."""
+
+    recorded: frozenset[str]
+    started: frozenset[str]
+
+
+def write_batch(
+    conn: Conn,
+    *,
+    worker_id: str,
+    hostname: str | None,
+    pid: int | None,
+    outcomes: Sequence[OutcomeWrite],
+    starts: Sequence[TaskPayload],
+) -> BatchWritten:
+    """Record many outcomes and start many tasks in one statement, each row under its own fence.
+
+    A row whose fence does not match (its claim was lost) is left alone; the others are
+    written all the same. A task must appear at most once in ``outcomes``.
+    """
+    params: dict[str, Any] = {
+        "worker_id": worker_id,
+        "hostname": hostname,
+        "pid": pid,
+        "ids": [w.task.id for w in outcomes],
+        "attempts": [w.task.attempt for w in outcomes],
+        "expects": [w.expect for w in outcomes],
+        "statuses": [w.outcome.status for w in outcomes],
+        "results": [w.outcome.result_json for w in outcomes],
+        "error_codes": [w.outcome.error_code for w in outcomes],
+        "error_messages": [w.outcome.error_message for w in outcomes],
+        "delays": [w.outcome.retry_delay_s for w in outcomes],
+        "start_ids": [t.id for t in starts],
+        "start_attempts": [t.attempt for t in starts],
+    }
+    row = conn.execute(q("write_batch"), params).fetchone()
+    if row is None:
+        return BatchWritten(frozenset(), frozenset())
+    return BatchWritten(frozenset(row["recorded"]), frozenset(row["started"]))
+
+
+def read_fences(conn: Conn, task_ids: Sequence[str]) -> dict[str, FenceState]:
+    """read_fence for many tasks; a task that no longer exists is absent."""
+    rows = conn.execute(q("get_fences"), {"ids": list(task_ids)}).fetchall()
+    return {
+        row["id"]: FenceState(
+            row["status"], row["attempt"], row["claimed_by_worker_id"], row["recorded_by_pid"]
+        )
+        for row in rows
+    }
 
 
 def release_claimed(conn: Conn, tasks: list[TaskPayload], worker_id: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 Row = dict[str, Any]
@@ -24,3 +25,6 @@ DatabaseError = psycopg.Error
 #: The connection is gone or unusable (server restart, network, pg_terminate_backend), or
 #: the server refused to go on (e.g. a session timeout): the statement may be retried.
 OperationalError = psycopg.OperationalError
+#: The transaction was rolled back by the server (a deadlock, a serialization failure):
+#: nothing was written, and the same statement may simply run again.
+RolledBackError = psycopg.errors.TransactionRollback

@@ -19,7 +19,9 @@ class Registration:
     process_started_at: datetime
     host_key: str
     queues: list[str]
-    processes: int
+    processes: int  # sync children
+    async_processes: int
+    async_concurrency: int | None  # None without async children
     version: str
     task_names: list[str]
 
@@ -42,7 +44,9 @@ class WorkerSummary:
     hostname: str
     pid: int
     queues: list[str]
-    processes: int
+    processes: int  # sync children
+    async_processes: int
+    async_concurrency: int | None
     status: str
     started_at: datetime
     last_heartbeat_at: datetime
@@ -61,6 +65,8 @@ async def register_worker(conn: AsyncConn, me: Registration) -> None:
             "process_started_at": me.process_started_at,
             "queues": me.queues,
             "processes": me.processes,
+            "async_processes": me.async_processes,
+            "async_concurrency": me.async_concurrency,
             "version": me.version,
             "task_names": me.task_names,
             "host_key": me.host_key,

@@ -111,13 +111,14 @@ def workers_table(workers: list[WorkerSummary]) -> Table:
     """Workers with their heartbeat age (tether status and tether workers)."""
     return table(
         "Workers",
-        ["id", "status", "queues", "procs", "claimed", "running", "heartbeat age"],
+        ["id", "status", "queues", "procs", "async procs", "claimed", "running", "heartbeat age"],
         [
             [
                 w.id,
                 w.status,
                 ",".join(w.queues),
                 w.processes,
+                f"{w.async_processes} x {w.async_concurrency}" if w.async_processes else "0",
                 w.claimed,
                 w.running,
                 f"{w.heartbeat_age_s:.1f}s",

@@ -27,7 +27,25 @@ from tether.config import WorkerConfig
     show_default=True,
     help="With --django: the TASKS alias whose TetherBackend to serve.",
 )
-@click.option("--processes", "-p", type=int, default=None, help="Child processes running tasks.")
+@click.option(
+    "--processes",
+    "-p",
+    type=int,
+    default=None,
+    help="Sync child processes (default: CPU count if the app has sync tasks).",
+)
+@click.option(
+    "--async-processes",
+    type=int,
+    default=None,
+    help="Async child processes, many async tasks at once each (default: 1 if the app has async tasks).",
+)
+@click.option(
+    "--async-concurrency",
+    type=int,
+    default=None,
+    help="Async tasks one async child runs at once (default 100).",
+)
 @click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all declared).")
 @click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
 @click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
@@ -37,6 +55,8 @@ def worker(
     django_settings: str | None,
     django_backend: str,
     processes: int | None,
+    async_processes: int | None,
+    async_concurrency: int | None,
     queues: str | None,
     prefetch: int | None,
     grace_period: float | None,
@@ -58,6 +78,8 @@ def worker(
         app = load_app(app_path)
     overrides: dict[str, Any] = {
         "processes": processes,
+        "async_processes": async_processes,
+        "async_concurrency": async_concurrency,
         "queues": queues,
         "prefetch": prefetch,
         "grace_period_s": grace_period,

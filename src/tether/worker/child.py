@@ -144,7 +144,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
                 current = None
                 continue
         set_reporter(partial(recorder.report_progress, current))
-        set_current_task(_running(current, recorder.worker_id))
+        set_current_task(running_task(current, recorder.worker_id))
         try:
             outcome = executor.run(current)
         except Exception as exc:  # a bug of ours must not kill the child and pass as a crash
@@ -175,7 +175,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         current = next_task if next_started else None
 
 
-def _running(task: TaskPayload, worker_id: str) -> RunningTask:
+def running_task(task: TaskPayload, worker_id: str) -> RunningTask:
     """What tether.current_task() tells the task's code about this run."""
     return RunningTask(
         id=uuid.UUID(task.id),

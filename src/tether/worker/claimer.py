@@ -20,6 +20,7 @@ from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
+from tether.worker.lanes import Lanes
 from tether.worker.notify_registration import NotifyRegistration
 
 log = logging.getLogger("tether.worker.claimer")
@@ -35,7 +36,8 @@ class Claimer:
         pool: WorkerPool,
         worker_id: str,
         queues: list[str],
-        capacity: int,
+        lanes: Lanes,
+        async_names: list[str],
         batch_size: int,
         holdings: Holdings,
         triggers: ClaimTriggers,
@@ -46,7 +48,13 @@ class Claimer:
         self.pool = pool
         self.worker_id = worker_id
         self.queues = queues
-        self.capacity = capacity
+        self.lanes = lanes
+        self.capacity = lanes.capacity
+        # With both kinds of child, the names that go to async children (the claim keeps
+        # each kind within its room); with one kind, every task counts alike.
+        self.async_names = async_names if lanes.both else []
+        self._async_set = frozenset(self.async_names)
+        self._blind = (False, False)  # the last claim had no room for (other, async) tasks
         self.batch_size = batch_size
         self.holdings = holdings
         self.triggers = triggers
@@ -80,30 +88,70 @@ class Claimer:
                 continue
             await self.triggers.sleep()
 
+    def _wanted(self) -> tuple[int, int]:
+        """How many (other, async-named) tasks to claim now; see async_names.
+
+        A kind claims once its room is worth a statement: any room while nothing of that
+        kind waits for a child, else half its capacity (one commit per batch, not per task).
+        """
+        lanes, held = self.lanes, self.holdings
+        if not lanes.both:
+            waiting = held.unhanded or held.unhanded_async
+            return _worth(self.capacity - len(held), self.capacity, waiting), 0
+        return (
+            _worth(lanes.sync_capacity - held.held("sync"), lanes.sync_capacity, held.unhanded),
+            _worth(lanes.async_capacity - held.held("async"), lanes.async_capacity, held.unhanded_async),
+        )
+
     def _wants_to_claim(self) -> bool:
-        free = self.capacity - len(self.holdings)
-        enough = 1 if not self.holdings.unhanded else max(1, self.capacity // 2)
-        return free >= enough and self.triggers.maybe_more and self.may_claim()
+        other, in_async = self._wanted()
+        # A claim that found nothing says so only of the kinds it had room for: a kind that
+        # had none (its children were full) may find work now that it has room.
+        unseen = (self._blind[0] and other > 0) or (self._blind[1] and in_async > 0)
+        return (other or in_async) > 0 and (self.triggers.maybe_more or unseen) and self.may_claim()
 
     async def claim_once(self) -> int:
         """One claim statement for what fits; returns how many tasks it claimed."""
-        limit = min(self.capacity - len(self.holdings), self.batch_size)
+        other, in_async = (min(n, self.batch_size) for n in self._wanted())
+        limit = other + in_async
+        self._blind = (self.lanes.both and other == 0, self.lanes.both and in_async == 0)
         told = self.triggers.before_claim()
         skip = self._names_to_skip()
         claimed = await self.pool.run(
             "claiming",
             lambda c: claims.claim_tasks(
-                c, worker_id=self.worker_id, queues=self.queues, limit=limit, skip_names=skip
+                c,
+                worker_id=self.worker_id,
+                queues=self.queues,
+                limit=other,
+                skip_names=skip,
+                async_names=self.async_names,
+                async_limit=in_async,
             ),
         )
-        self.triggers.after_claim(len(claimed), limit, told)
+        # The claim took all the room it had when some kind filled its room: there may be
+        # more work (with both kinds of child, the rows scanned beyond one kind's room are
+        # left to a later claim). Triggers and registration count it as a full claim.
+        took = limit if self._took_all(claimed, other, in_async) else len(claimed)
+        self.triggers.after_claim(took, limit, told)
         await self.accept(claimed)
-        if await self.registration.after_claim(len(claimed), limit):
+        if await self.registration.after_claim(took, limit):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
         return len(claimed)
+
+    def _took_all(self, claimed: list[TaskPayload], other: int, in_async: int) -> bool:
+        in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
+        other_claimed = len(claimed) - in_async_claimed
+        return (other > 0 and other_claimed >= other) or (in_async > 0 and in_async_claimed >= in_async)
 
     def _names_to_skip(self) -> list[str]:
         now = time.monotonic()
         for name in [n for n, until in self._skip_names.items() if until <= now]:
             del self._skip_names[name]
         return list(self._skip_names)
+
+
+def _worth(room: int, capacity: int, waiting: int) -> int:
+    """``room`` if it is worth a claim (see Claimer._wanted), else 0."""
+    enough = 1 if not waiting else max(1, capacity // 2)
+    return room if room >= enough else 0

@@ -2,9 +2,11 @@
 
 The main process never runs a task's code: it hands each claimed task to a child
 (RUN), learns that the child started it (STARTED), hands it the next one when asked
-(NEXT) or ahead of time, and learns that its outcome is recorded (DONE). A child
-that exits holding tasks has them recorded as crashed (or released, if they never
-started) by the recorder, and a replacement child is started.
+(NEXT) or ahead of time, and learns that its outcome is recorded (DONE). An async child
+is handed tasks in batches (RUN_MANY) up to its concurrency and its share of prefetch,
+and says what it started and recorded in one message per batch write (BATCH). A child
+that exits holding tasks has them all recorded as crashed (or released, if they never
+started) by the recorder in one statement, and a replacement child is started.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tether.broker.types import DatabaseError
 from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.holdings import Holdings
+from tether.worker.lanes import Lanes
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
 from tether.worker.time_limits import TimeLimits
@@ -33,13 +36,13 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        processes: int,
+        lanes: Lanes,
         holdings: Holdings,
         time_limits: TimeLimits,
         recorder: Recorder,
         on_change: Callable[[], None],
     ) -> None:
-        self.processes = processes
+        self.lanes = lanes
         self.holdings = holdings
         self.time_limits = time_limits
         self.recorder = recorder
@@ -51,14 +54,17 @@ class Dispatcher:
         self.recording: set[asyncio.Task[None]] = set()
 
     def idle(self, slot: ChildSlot) -> bool:
-        return slot.ready and self.holdings.current(slot.index) is None
+        return slot.ready and slot.kind == "sync" and self.holdings.current(slot.index) is None
 
     def hand_out(self) -> None:
         """Give unhanded tasks to idle children, then push the next ones to busy children."""
         if self.supervisor is None:
             return
+        if self.holdings.unhanded_async and not self.stopping:
+            self._hand_out_async()
         sup, held = self.supervisor, self.holdings
-        for slot in sup.alive():
+        sync_children = [slot for slot in sup.alive() if slot.kind == "sync"]
+        for slot in sync_children:
             if not held.unhanded or self.stopping:
                 return
             if self.idle(slot):
@@ -73,8 +79,8 @@ class Dispatcher:
         # when it finishes a short task: the main process's answer is off the child's
         # path. They wait behind the child's current task: that is what prefetch means
         # (--prefetch 0 for long or uneven tasks).
-        children = sup.alive()
-        if len(children) < self.processes or any(
+        children = sync_children
+        if len(children) < self.lanes.sync_processes or any(
             not s.ready or held.current(s.index) is None for s in children
         ):
             return  # a child is starting, restarting or free: it will take the work itself
@@ -90,11 +96,24 @@ class Dispatcher:
                     else:
                         held.put_back(task)
 
+    def _hand_out_async(self) -> None:
+        """Top every ready async child up to what it may hold, in one message each."""
+        assert self.supervisor is not None
+        held, limit = self.holdings, self.lanes.async_per_child
+        for slot in self.supervisor.alive():
+            if slot.kind != "async" or not slot.ready or not held.unhanded_async:
+                continue
+            tasks = held.next_unhanded_async(limit - held.handed_count(slot.index))
+            if tasks:
+                held.hand_many(slot.index, tasks)
+                self.supervisor.send(slot, protocol.RUN_MANY, tasks=tasks)
+
     def stop_idle_children(self) -> None:
-        """Graceful stop: children with nothing to do exit now; busy ones after their task."""
+        """Graceful stop: children with nothing to do exit now; busy ones after their task.
+        An async child gives back what it has not started and exits once its tasks end."""
         assert self.supervisor is not None
         for slot in self.supervisor.alive():
-            if self.idle(slot):
+            if self.idle(slot) or (slot.kind == "async" and slot.ready):
                 self.supervisor.send(slot, protocol.STOP)
 
     # -- what the children say ---------------------------------------------------------
@@ -111,6 +130,8 @@ class Dispatcher:
                 held.start_lost(slot.index)
             elif (task := held.started(slot.index)) is not None:
                 self.time_limits.started(slot, task)
+        elif op == protocol.BATCH:
+            self._on_batch(slot, msg)
         elif op == protocol.NEXT:
             self._answer_next(slot)
         elif op == protocol.DONE:
@@ -124,6 +145,17 @@ class Dispatcher:
                 self.supervisor.send(slot, protocol.STOP)
         self.hand_out()
         self.on_change()
+
+    def _on_batch(self, slot: ChildSlot, msg: dict[str, Any]) -> None:
+        """An async child wrote a batch: what it started, recorded, lost or gave back."""
+        held = self.holdings
+        for task in held.started_many(slot.index, msg["started"]):
+            self.time_limits.started(slot, task)
+        ended = [task_id for task_id, _ in msg["done"]] + msg["lost"] + msg["released"]
+        for task_id in ended:
+            self.time_limits.finished(slot, task_id)
+        held.ended_many(slot.index, ended)
+        self.tasks_done += len(msg["done"])
 
     def _answer_next(self, slot: ChildSlot) -> None:
         assert self.supervisor is not None
@@ -151,7 +183,8 @@ class Dispatcher:
                 len(held),
             )
         if held:
-            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for))
+            how = slot.crash_reason or "the worker process running this task died"
+            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for, how))
             self.recording.add(recording)
             recording.add_done_callback(self.recording.discard)
         if self.supervisor is None:
@@ -161,16 +194,20 @@ class Dispatcher:
         elif not self.supervisor.alive():
             self.no_children.set()
 
-    async def _record_crash(self, held: list[TaskPayload], killed_for: TaskError | None) -> None:
+    async def _record_crash(
+        self, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
+    ) -> None:
+        """Every task a dead child held, in one statement: started ones failed or retried, others released."""
+        try:
+            verdicts = await asyncio.to_thread(self.recorder.record_crashes, held, killed_for, how)
+        except DatabaseError as exc:
+            # The database stayed away longer than the recorder retries: the reaper
+            # (here or elsewhere) recovers the tasks by their heartbeats instead.
+            verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
+            verdicts = {task.id: verdict for task in held}
         for task in held:
-            try:
-                verdict = await asyncio.to_thread(self.recorder.record_crash, task, killed_for)
-            except DatabaseError as exc:
-                # The database stayed away longer than the recorder retries: the reaper
-                # (here or elsewhere) recovers the task by its heartbeats instead.
-                verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             self.holdings.forget(task.id)
-            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdict)
+            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
         self.on_change()
 
     async def kill_children(self) -> None:

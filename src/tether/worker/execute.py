@@ -34,6 +34,59 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, payload: TaskPayload) -> Outcome:
+        """Run the task's code here, one task at a time (a sync child)."""
+        prepared = self.prepare(payload)
+        if isinstance(prepared, Outcome):
+            return prepared
+        task, args, kwargs = prepared
+        try:
+            value = self._call(task, args, kwargs)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return self.outcome_of_error(payload, exc)
+        return self.outcome_of(payload, value)
+
+    async def run_async(self, payload: TaskPayload) -> Outcome:
+        """Run the task's code in this event loop, among others (an async child).
+
+        An async task's time limit cancels its coroutine here; the worker's main process
+        kills the child if it has not ended a grace period later. A sync task sent to a
+        worker without sync children runs in a thread, which cannot be cancelled: its
+        limit is the kill. A cancellation from outside (the child stopping it) propagates.
+        """
+        prepared = self.prepare(payload)
+        if isinstance(prepared, Outcome):
+            return prepared
+        task, args, kwargs = prepared
+        limit = task.time_limit if task.is_async else None
+        try:
+            if not task.is_async:
+                value = await asyncio.to_thread(task.fn, *args, **kwargs)
+            elif limit is None:
+                value = await task.fn(*args, **kwargs)
+            else:
+                async with asyncio.timeout(limit) as scope:
+                    value = await task.fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if limit is not None and isinstance(exc, TimeoutError) and scope.expired():
+                log.error(
+                    "task %s (%s) attempt %d exceeded its time limit of %gs: cancelled",
+                    payload.id,
+                    payload.name,
+                    payload.attempt,
+                    limit,
+                )
+                return failure(payload, time_limit_error(payload.name, limit, "it was cancelled"))
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return self.outcome_of_error(payload, exc)
+        return self.outcome_of(payload, value)
+
+    def prepare(self, payload: TaskPayload) -> tuple[Task[Any, Any], list[Any], dict[str, Any]] | Outcome:
+        """The task and its decoded arguments, or the failure that ends it before it runs."""
         task = self.app.find_task(payload.name)
         if task is None:
             return failure(
@@ -47,24 +100,26 @@ class Executor:
             args, kwargs = self._decode(task, payload)
         except SerializationError as exc:
             return failure(payload, TaskError(ErrorCode.BAD_ARGUMENTS, str(exc)))
-        try:
-            value = self._call(task, args, kwargs)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            log.info("task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__)
-            return failure(
-                payload,
-                TaskError(
-                    ErrorCode.UNHANDLED_EXCEPTION,
-                    f"{type(exc).__name__}: {exc}",
-                    {
-                        "type": type(exc).__qualname__,
-                        "module": type(exc).__module__,  # with "type", the class's import path
-                        "traceback": traceback.format_exc(),
-                    },
-                ),
-            )
+        return task, args, kwargs
+
+    def outcome_of_error(self, payload: TaskPayload, exc: BaseException) -> Outcome:
+        """An exception the task's code raised: a FAILED outcome with its traceback."""
+        log.info("task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__)
+        return failure(
+            payload,
+            TaskError(
+                ErrorCode.UNHANDLED_EXCEPTION,
+                f"{type(exc).__name__}: {exc}",
+                {
+                    "type": type(exc).__qualname__,
+                    "module": type(exc).__module__,  # with "type", the class's import path
+                    "traceback": "".join(traceback.format_exception(exc)),
+                },
+            ),
+        )
+
+    def outcome_of(self, payload: TaskPayload, value: Any) -> Outcome:
+        """What the task's code returned: COMPLETED, or FAILED (retried by its policy) for an err."""
         result = value if isinstance(value, TaskResult) else TaskResult(ok=value)
         try:
             result_json = codec.encode_result(result, what=f"result of task {payload.name!r}")
@@ -145,6 +200,15 @@ def _needs_conversion(hint: Any) -> bool:
 
 def failure(payload: TaskPayload, error: TaskError) -> Outcome:
     return outcomes.failure(error, payload.retry_policy, payload.retry_count)
+
+
+def time_limit_error(name: str, limit: float, what_then: str) -> TaskError:
+    """TIME_LIMIT_EXCEEDED for a task still running at its limit; what_then: what was done."""
+    return TaskError(
+        ErrorCode.TIME_LIMIT_EXCEEDED,
+        f"task {name!r} was still running after its time limit of {limit:g}s; {what_then}",
+        {"time_limit_s": limit},
+    )
 
 
 def internal_failure(payload: TaskPayload, exc: BaseException) -> Outcome:

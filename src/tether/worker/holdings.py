@@ -7,7 +7,12 @@ is given back, or found lost). Meanwhile it is in exactly one place:
 - a child's current task: handed to that child as the one it runs next or now
   (``running`` once the child said it is RUNNING);
 - a child's queue: pushed to a busy child ahead of time; it starts that task in the
-  same statement that records its current one.
+  same statement that records its current one;
+- an async child's tasks: handed to it, waiting there for a free slot, or running
+  (once the child said it is RUNNING).
+
+Unhanded tasks wait in one line per kind of child (lanes.py): a sync task waits for a
+sync child, an async task for an async child.
 
 A child's tasks are frozen while the worker isolates itself (its process is stopped).
 Every other part of the worker asks and changes these places through this class only.
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tether.broker.claims import TaskPayload
 from tether.broker.heartbeats import Beat
+from tether.worker.lanes import Kind
 
 log = logging.getLogger("tether.worker.holdings")
 
@@ -34,11 +40,21 @@ class _ChildTasks:
     frozen: bool = False
 
 
+@dataclass
+class _AsyncChildTasks:
+    handed: dict[str, TaskPayload] = field(default_factory=dict)  # every task not yet done there
+    running: set[str] = field(default_factory=set)  # the ids the child said are RUNNING
+    frozen: bool = False
+
+
 class Holdings:
     def __init__(self) -> None:
-        self._unhanded: deque[TaskPayload] = deque()
+        self._unhanded: deque[TaskPayload] = deque()  # waiting for a sync child
+        self._unhanded_async: deque[TaskPayload] = deque()  # waiting for an async child
         self._held: dict[str, TaskPayload] = {}
+        self._held_async: set[str] = set()  # the held tasks that wait for or run in an async child
         self._children: dict[int, _ChildTasks] = {}
+        self._async: dict[int, _AsyncChildTasks] = {}
 
     def __len__(self) -> int:
         """How many tasks are held, wherever they sit (the claim loop's capacity counts these)."""
@@ -49,7 +65,7 @@ class Holdings:
 
     # -- claimed, not handed --------------------------------------------------------
 
-    def take(self, task: TaskPayload) -> bool:
+    def take(self, task: TaskPayload, kind: Kind = "sync") -> bool:
         """Hold a task just claimed, unhanded. False if this very attempt is held already.
 
         That happens only after a database crash lost our claim (claims do not wait for
@@ -63,18 +79,40 @@ class Holdings:
             )
             return False
         self._held[task.id] = task
-        self._unhanded.append(task)
+        if kind == "async":
+            self._held_async.add(task.id)
+            self._unhanded_async.append(task)
+        else:
+            self._unhanded.append(task)
         return True
+
+    def held(self, kind: Kind) -> int:
+        """How many of the tasks held are of the kind that ``kind`` children run."""
+        return len(self._held_async) if kind == "async" else len(self._held) - len(self._held_async)
+
+    def _drop(self, task_id: str) -> None:
+        self._held.pop(task_id, None)
+        self._held_async.discard(task_id)
 
     @property
     def unhanded(self) -> int:
+        """Unhanded tasks waiting for a sync child (see unhanded_async)."""
         return len(self._unhanded)
 
+    @property
+    def unhanded_async(self) -> int:
+        return len(self._unhanded_async)
+
     def unhanded_tasks(self) -> list[TaskPayload]:
-        return list(self._unhanded)
+        return list(self._unhanded) + list(self._unhanded_async)
 
     def next_unhanded(self) -> TaskPayload | None:
         return self._unhanded.popleft() if self._unhanded else None
+
+    def next_unhanded_async(self, most: int) -> list[TaskPayload]:
+        """Up to ``most`` unhanded async tasks, oldest first, taken out of the line."""
+        line = self._unhanded_async
+        return [line.popleft() for _ in range(min(most, len(line)))]
 
     def put_back(self, task: TaskPayload) -> None:
         """A task taken with next_unhanded could not be handed: first in line again."""
@@ -82,10 +120,11 @@ class Holdings:
 
     def let_go_unhanded(self) -> list[TaskPayload]:
         """Stop holding every unhanded task (given back, or dropped); returns them."""
-        tasks = list(self._unhanded)
+        tasks = list(self._unhanded) + list(self._unhanded_async)
         self._unhanded.clear()
+        self._unhanded_async.clear()
         for task in tasks:
-            self._held.pop(task.id, None)
+            self._drop(task.id)
         return tasks
 
     # -- handed to a child ----------------------------------------------------------
@@ -108,7 +147,10 @@ class Holdings:
         return len(child.queued) if child is not None else 0
 
     def of_child(self, slot: int) -> list[TaskPayload]:
-        """Every task handed to child ``slot``: its current one, then its queue."""
+        """Every task handed to child ``slot``: its current one, then its queue (an async
+        child's: all it holds)."""
+        if (tasks := self._async.get(slot)) is not None:
+            return list(tasks.handed.values())
         child = self._children.get(slot)
         if child is None:
             return []
@@ -142,7 +184,7 @@ class Holdings:
         """The child could not start its current task: the claim was gone. Not held any more."""
         child = self._child(slot)
         if child.current is not None:
-            self._held.pop(child.current.id, None)
+            self._drop(child.current.id)
         child.current, child.running = None, False
 
     def finished(self, slot: int, task_id: str, next_started: bool | None) -> TaskPayload | None:
@@ -151,7 +193,7 @@ class Holdings:
         next_started: None when the child started nothing with it; else whether it
         started the oldest task of its queue in the same statement (False: lost).
         """
-        self._held.pop(task_id, None)
+        self._drop(task_id)
         child = self._child(slot)
         child.current, child.running = None, False
         if next_started is not None and child.queued:
@@ -159,43 +201,89 @@ class Holdings:
             if next_started:
                 child.current, child.running = taken, True
             else:
-                self._held.pop(taken.id, None)
+                self._drop(taken.id)
         if child.current is None and child.queued:
             # The child has nothing running and reads the next RUN in its pipe as a fresh
             # task, reporting STARTED for it.
             child.current = child.queued.popleft()
         return child.current if child.running else None
 
+    def running_in(self, slot: int) -> list[TaskPayload]:
+        """The tasks child ``slot`` said are RUNNING."""
+        if (tasks := self._async.get(slot)) is not None:
+            return [tasks.handed[i] for i in tasks.running]
+        task = self.running(slot)
+        return [task] if task is not None else []
+
     def child_gone(self, slot: int) -> list[TaskPayload]:
         """Child ``slot`` exited: its tasks stay held until recorded (see forget)."""
         tasks = self.of_child(slot)
         self._children.pop(slot, None)
+        self._async.pop(slot, None)
         return tasks
+
+    # -- handed to an async child --------------------------------------------------------
+
+    def _async_child(self, slot: int) -> _AsyncChildTasks:
+        return self._async.setdefault(slot, _AsyncChildTasks())
+
+    def handed_count(self, slot: int) -> int:
+        """How many tasks async child ``slot`` holds (waiting there, running or finishing)."""
+        tasks = self._async.get(slot)
+        return len(tasks.handed) if tasks is not None else 0
+
+    def hand_many(self, slot: int, tasks: list[TaskPayload]) -> None:
+        """``tasks`` (from next_unhanded_async) are now async child ``slot``'s."""
+        handed = self._async_child(slot).handed
+        for task in tasks:
+            handed[task.id] = task
+
+    def started_many(self, slot: int, task_ids: list[str]) -> list[TaskPayload]:
+        """Async child ``slot`` said these are RUNNING; returns those tasks."""
+        child = self._async_child(slot)
+        started = [child.handed[i] for i in task_ids if i in child.handed]
+        child.running.update(t.id for t in started)
+        return started
+
+    def ended_many(self, slot: int, task_ids: list[str]) -> None:
+        """Async child ``slot`` is done with these (recorded, lost or given back): not held any more."""
+        child = self._async_child(slot)
+        for task_id in task_ids:
+            child.handed.pop(task_id, None)
+            child.running.discard(task_id)
+            self._drop(task_id)
 
     def forget(self, task_id: str) -> None:
         """The task's fate is recorded (or it was given back): not held any more."""
-        self._held.pop(task_id, None)
+        self._drop(task_id)
 
     # -- isolation ------------------------------------------------------------------
 
     def freeze(self, slot: int) -> None:
-        self._child(slot).frozen = True
+        if slot in self._async:
+            self._async[slot].frozen = True
+        else:
+            self._child(slot).frozen = True
 
     def frozen(self, slot: int) -> bool:
-        child = self._children.get(slot)
+        child = self._async.get(slot) or self._children.get(slot)
         return child is not None and child.frozen
 
     def thaw(self, slot: int) -> None:
-        self._child(slot).frozen = False
+        if slot in self._async:
+            self._async[slot].frozen = False
+        else:
+            self._child(slot).frozen = False
 
     # -- what the database says -----------------------------------------------------
 
     def lose(self, lost: set[str]) -> list[str]:
         """Tasks the database says are no longer ours: unhanded ones are dropped at once;
         returns the ids of those that children hold (their writes will be fenced off)."""
-        for task in [t for t in self._unhanded if t.id in lost]:
-            self._unhanded.remove(task)
-            self._held.pop(task.id, None)
+        for line in (self._unhanded, self._unhanded_async):
+            for task in [t for t in line if t.id in lost]:
+                line.remove(task)
+                self._drop(task.id)
         return [task_id for task_id in lost if task_id in self._held]
 
     def beat(self, main_pid: int, children: Iterable[int], runner_pid: Callable[[int], int | None]) -> Beat:
@@ -207,7 +295,17 @@ class Holdings:
         beat = Beat()
         for task in self._unhanded:
             beat.add(task.id, "claimer", main_pid)
+        for task in self._unhanded_async:
+            beat.add(task.id, "claimer", main_pid)
         for slot in children:
+            if (tasks := self._async.get(slot)) is not None:
+                pid = runner_pid(slot) if tasks.running else None
+                for task in tasks.handed.values():
+                    if task.id not in tasks.running:
+                        beat.add(task.id, "claimer", main_pid)
+                    elif pid is not None:
+                        beat.add(task.id, "runner", pid)
+                continue
             child = self._children.get(slot)
             if child is None:
                 continue

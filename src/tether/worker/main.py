@@ -37,6 +37,7 @@ from tether.worker.heartbeat import HeartbeatWriter, heartbeat_loop, interval_s
 from tether.worker.holdings import Holdings
 from tether.worker.identity import Identity, current_identity
 from tether.worker.isolation import Isolation
+from tether.worker.lanes import plan_lanes
 from tether.worker.notify_registration import NotifyRegistration
 from tether.worker.reaper import Reaper, reaper_loop
 from tether.worker.reconcile import reconcile_host
@@ -62,10 +63,13 @@ class Worker:
                 f"declared queues: {', '.join(app.config.queues)}"
             )
         self.identity: Identity = current_identity()
-        self.capacity = self.config.processes + self.config.effective_prefetch
+        self.lanes = plan_lanes(self.config, app)
+        self.capacity = self.lanes.capacity
         self.holdings = Holdings()
         self.triggers = ClaimTriggers(self.config.poll_interval_ms / 1000)
-        self.time_limits = TimeLimits(self._time_limit_of, self.holdings.running)
+        self.time_limits = TimeLimits(
+            self._time_limit_of, self.holdings.running_in, self.config.cancel_grace_s
+        )
         self.stopped = asyncio.Event()  # a second stop request: stop now
         self._signals = 0
         self._background: list[asyncio.Task[Any]] = []
@@ -96,7 +100,7 @@ class Worker:
         await pool.open()
         self.recorder = Recorder(url, self.worker_id, config)
         self.dispatcher = Dispatcher(
-            processes=self.config.processes,
+            lanes=self.lanes,
             holdings=self.holdings,
             time_limits=self.time_limits,
             recorder=self.recorder,
@@ -107,7 +111,8 @@ class Worker:
             pool=pool,
             worker_id=self.worker_id,
             queues=self.queues,
-            capacity=self.capacity,
+            lanes=self.lanes,
+            async_names=sorted(name for name, task in self.app.tasks.items() if task.is_async),
             batch_size=self.config.claim_batch_size,
             holdings=self.holdings,
             triggers=self.triggers,
@@ -123,7 +128,7 @@ class Worker:
             # Children start now (they run only what they are handed), so they are ready
             # by the time the first task is claimed.
             self.supervisor = self.dispatcher.supervisor = Supervisor(
-                processes=self.config.processes,
+                lanes=self.lanes,
                 app_path=self.app_path,
                 url=url,
                 worker_id=self.worker_id,
@@ -135,12 +140,17 @@ class Worker:
             await self._start_services(url, registration)
             # Before claiming anything: recover what dead workers on this host left behind.
             await asyncio.to_thread(reconcile_host, url, config, self.identity)
+            lanes = self.lanes
             log.info(
-                "worker %s started: queues=%s processes=%d prefetch=%d",
+                "worker %s started: queues=%s processes=%d (prefetch %d) async_processes=%d "
+                "(concurrency %d, prefetch %d)",
                 self.worker_id,
                 ",".join(self.queues),
-                self.config.processes,
-                self.config.effective_prefetch,
+                lanes.sync_processes,
+                lanes.sync_prefetch,
+                lanes.async_processes,
+                lanes.async_concurrency,
+                lanes.async_prefetch,
             )
             await self.claimer.run()
             await self._drain()
@@ -206,7 +216,9 @@ class Worker:
             process_started_at=me.process_started_at,
             host_key=me.host_key,
             queues=self.queues,
-            processes=self.config.processes,
+            processes=self.lanes.sync_processes,
+            async_processes=self.lanes.async_processes,
+            async_concurrency=self.lanes.async_concurrency if self.lanes.async_processes else None,
             version=__version__,
             task_names=sorted(self.app.tasks),
         )
@@ -284,10 +296,11 @@ class Worker:
     async def _accept(self, claimed: list[TaskPayload]) -> None:
         unknown = []
         for task in claimed:
-            if self.app.find_task(task.name) is None:
+            found = self.app.find_task(task.name)
+            if found is None:
                 unknown.append(task)
             else:
-                self.holdings.take(task)
+                self.holdings.take(task, self.lanes.kind_of(found.is_async))
         if self.dispatcher is not None:
             self.dispatcher.hand_out()
         for task in unknown:
@@ -328,9 +341,12 @@ class Worker:
             self.holdings.forget(task.id)
         log.info("released %d claimed task(s) back to PENDING", n)
 
-    def _time_limit_of(self, name: str) -> float | None:
+    def _time_limit_of(self, name: str) -> tuple[float, bool] | None:
+        """A task name's time limit and whether the task is async; None: no limit."""
         task = self.app.find_task(name)
-        return task.time_limit if task is not None else None
+        if task is None or task.time_limit is None:
+            return None
+        return task.time_limit, task.is_async
 
     # -- what the heartbeat needs (heartbeat.BeatSource) -----------------------------------
 
@@ -340,7 +356,7 @@ class Worker:
         # A child whose heartbeat thread went silent past the running threshold is hung.
         self.supervisor.kill_hung(
             recovery.running_stale_threshold_ms / 1000,
-            lambda slot: None if self.holdings.frozen(slot) else self.holdings.running(slot),
+            lambda slot: [] if self.holdings.frozen(slot) else self.holdings.running_in(slot),
         )
         fresh_within = 2 * recovery.runner_heartbeat_interval_ms / 1000
         supervisor, slots = self.supervisor, {slot.index: slot for slot in self.supervisor.alive()}

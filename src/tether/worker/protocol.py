@@ -18,12 +18,18 @@ from tether.broker.claims import TaskPayload
 # main -> child
 RUN = "run"  # {"op": "run", "task": TaskPayload}: start this task (next, if asked)
 NONE = "none"  # answer to NEXT: nothing buffered; wait for RUN or STOP
-STOP = "stop"  # finish what you hold, record it, exit
+STOP = "stop"  # finish what you hold, record it, exit (an async child gives back what it never started)
+# main -> async child
+RUN_MANY = "run_many"  # {"tasks": [TaskPayload]}: start these as slots free up
 # child -> main
 READY = "ready"  # started, app imported, database connected
 STARTED = "started"  # {"id"}: the task is RUNNING (or {"id", "lost": true}: its claim was gone)
 NEXT = "next"  # {"id"}: finished running this task's code; asks for the next before recording
 DONE = "done"  # {"id", "status", "started": next id | None}: outcome recorded (or lost)
+# async child -> main, after each batch write:
+# {"started": [id], "lost": [id] (start found the claim gone), "done": [[id, status]]
+#  (status "LOST": the outcome's fence matched nothing), "released": [id] (given back unstarted)}
+BATCH = "batch"
 
 
 # Field names, read once: dataclasses.asdict() copies recursively, which showed in the
@@ -34,7 +40,10 @@ _PAYLOAD_FIELDS = tuple(f.name for f in fields(TaskPayload))
 def send(conn: Connection, op: str, **items: Any) -> None:
     task = items.get("task")
     if isinstance(task, TaskPayload):
-        items["task"] = {name: getattr(task, name) for name in _PAYLOAD_FIELDS}
+        items["task"] = _plain(task)
+    tasks = items.get("tasks")
+    if tasks is not None:
+        items["tasks"] = [_plain(t) for t in tasks]
     conn.send_bytes(json.dumps({"op": op, **items}).encode())
 
 
@@ -42,7 +51,13 @@ def recv(conn: Connection) -> dict[str, Any]:
     msg: dict[str, Any] = json.loads(conn.recv_bytes())
     if isinstance(msg.get("task"), dict):
         msg["task"] = TaskPayload(**msg["task"])
+    if isinstance(msg.get("tasks"), list):
+        msg["tasks"] = [TaskPayload(**t) for t in msg["tasks"]]
     return msg
+
+
+def _plain(task: TaskPayload) -> dict[str, Any]:
+    return {name: getattr(task, name) for name in _PAYLOAD_FIELDS}
 
 
 def message_waiting(conn: Connection) -> Callable[[], bool]:

@@ -17,17 +17,17 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether import outcomes
 from tether.broker import claims, heartbeats
-from tether.broker.claims import Fence, TaskPayload
-from tether.broker.types import Conn, OperationalError
+from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
+from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
 from tether.db.connection import connect_worker
 from tether.outcomes import Outcome
-from tether.result import TaskError
+from tether.result import ErrorCode, TaskError
 from tether.workflow import engine
 
 log = logging.getLogger("tether.worker.recorder")
@@ -69,6 +69,12 @@ class Recorder:
             while True:
                 try:
                     return work(self._connection()), retried
+                except RolledBackError as exc:
+                    # A deadlock with another writer of the same rows (a batch and the
+                    # reaper lock them in different orders): nothing was written.
+                    log.warning("%s was rolled back by the database (%s); running it again", what, exc)
+                    retried = True
+                    continue
                 except OperationalError as exc:
                     if self._conn is not None:
                         self._conn.close()
@@ -125,6 +131,125 @@ class Recorder:
             self.after_outcome(task, outcome)
         return recorded, started
 
+    def write_batch(
+        self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload] = ()
+    ) -> tuple[set[str], set[str]]:
+        """Record many outcomes and start many tasks in one statement; returns (recorded, started) ids.
+
+        A miss is explained as in record(); a row the database refuses (the batch fails
+        as a whole) makes each write go alone, so it cannot hold back the others.
+        """
+        recorded, started, retried = self._write_batch(outcomes, starts)
+        missed = [w.task for w in outcomes if w.task.id not in recorded]
+        if missed:
+            settled = {w.task.id: w.outcome.settles_as for w in outcomes}
+            recorded |= self._explain_misses(missed, settled, retried)
+        missed_starts = [t for t in starts if t.id not in started]
+        if missed_starts:
+            started |= self._explain_misses(missed_starts, {t.id: "RUNNING" for t in missed_starts}, retried)
+        self.after_outcomes([w for w in outcomes if w.task.id in recorded])
+        return recorded, started
+
+    def _write_batch(
+        self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload]
+    ) -> tuple[set[str], set[str], bool]:
+        """The batch in one statement: (recorded, started, whether it ran more than once)."""
+        what = f"writing {len(outcomes)} outcome(s) and {len(starts)} start(s)"
+        try:
+            written, retried = self._with_retry(
+                what,
+                lambda c: claims.write_batch(
+                    c,
+                    worker_id=self.worker_id,
+                    hostname=self.hostname,
+                    pid=self.pid,
+                    outcomes=outcomes,
+                    starts=starts,
+                ),
+            )
+            return set(written.recorded), set(written.started), retried
+        except OperationalError:
+            raise  # the database stayed away past give_up_after_s
+        except DatabaseError:
+            log.exception("%s failed; writing each row alone", what)
+        recorded = {w.task.id for w in outcomes if self._record_alone(w)}
+        started = {t.id for t in starts if self.start(t)}
+        return recorded, started, False
+
+    def _record_alone(self, write: OutcomeWrite) -> bool:
+        """One outcome on its own; if the database refuses it, a failure that says why instead."""
+        fence = self.fence(write.task, write.expect)
+        try:
+            done, _ = self._with_retry(
+                f"recording task {write.task.id}",
+                lambda c: claims.record_outcome(
+                    c, fence, write.outcome, hostname=self.hostname, pid=self.pid
+                ),
+            )
+            return done.recorded
+        except OperationalError:
+            raise
+        except DatabaseError as exc:
+            log.exception("task %s: the database refused its outcome; recording the refusal", write.task.id)
+            error = TaskError(ErrorCode.RESULT_NOT_SERIALIZABLE, f"the database refused the outcome: {exc}")
+            outcome = outcomes.failure(error, write.task.retry_policy, write.task.retry_count)
+            done, _ = self._with_retry(
+                f"recording task {write.task.id}",
+                lambda c: claims.record_outcome(c, fence, outcome, hostname=self.hostname, pid=self.pid),
+            )
+            return done.recorded
+
+    def record_crashes(
+        self, tasks: Sequence[TaskPayload], killed_for: Mapping[str, TaskError], how: str
+    ) -> dict[str, str]:
+        """A child holding ``tasks`` died: each started one failed (or is retried), each unstarted one
+        never ran and goes back to PENDING. One statement for the started ones, one for the rest.
+
+        killed_for: the error of each task the worker killed the child for (its time limit);
+        every other started task crashed, ``how`` says in what way. Returns what became of
+        each task, for the log.
+        """
+        writes = []
+        for task in tasks:
+            error = killed_for.get(task.id)
+            if error is not None:
+                outcome = outcomes.failure(error, task.retry_policy, task.retry_count)
+            else:
+                outcome = outcomes.crashed(task.retry_policy, task.retry_count, how)
+            writes.append(OutcomeWrite(task, outcome))
+        recorded, _, retried = self._write_batch(writes, ())
+        missed = [w.task for w in writes if w.task.id not in recorded]
+        if retried and missed:  # one of ours may have committed before the connection dropped
+            settled = {w.task.id: w.outcome.settles_as for w in writes}
+            recorded |= self._explain_misses(missed, settled, retried, quiet=True)
+        verdicts: dict[str, str] = {}
+        for w in writes:
+            if w.task.id in recorded:
+                code = w.outcome.error_code
+                verdicts[w.task.id] = (
+                    f"retry scheduled after {code}" if w.outcome.will_retry else f"FAILED with {code}"
+                )
+        self.after_outcomes([w for w in writes if w.task.id in recorded])
+        unstarted = [t for t in tasks if t.id not in recorded]
+        if unstarted:
+            released = self.released_of(unstarted)
+            for task in unstarted:
+                verdicts[task.id] = (
+                    "released back to PENDING (its code never started)"
+                    if task.id in released
+                    else "already settled elsewhere"
+                )
+        return verdicts
+
+    def after_outcomes(self, written: Sequence[OutcomeWrite]) -> None:
+        """after_outcome for a batch: one advance per workflow."""
+        steps: dict[str, list[str]] = {}
+        for w in written:
+            if w.task.workflow_id is not None and not w.outcome.will_retry:
+                steps.setdefault(w.task.workflow_id, []).append(w.task.id)
+        for workflow_id, task_ids in steps.items():
+            self._advance(workflow_id, task_ids)
+
     def record_for(self, task: TaskPayload, outcome: Outcome, *, expect: str) -> bool:
         """Record an outcome decided outside the child (crash, unregistered): ``expect`` -> outcome."""
         fence = self.fence(task, expect)
@@ -147,37 +272,20 @@ class Recorder:
         """
         if task.workflow_id is None or outcome.will_retry:
             return
-        workflow_id = task.workflow_id
+        self._advance(task.workflow_id, [task.id])
+
+    def _advance(self, workflow_id: str, task_ids: list[str]) -> None:
         try:
             self._with_retry(
                 f"advancing workflow {workflow_id}",
-                lambda c: engine.advance(c, workflow_id, [task.id]),
+                lambda c: engine.advance(c, workflow_id, task_ids),
             )
         except Exception:  # never fatal to the worker: reconciliation repairs the step
             log.exception(
-                "task %s: could not advance workflow %s; the reaper will reconcile the step",
-                task.id,
+                "task(s) %s: could not advance workflow %s; the reaper will reconcile the step",
+                ", ".join(task_ids),
                 workflow_id,
             )
-
-    def record_crash(self, task: TaskPayload, killed_for: TaskError | None) -> str:
-        """A child holding ``task`` died: its started task failed, an unstarted one never ran.
-
-        killed_for: the worker killed the child (its time limit passed); else it crashed.
-        Returns what became of the task, for the log.
-        """
-        if killed_for is not None:
-            outcome = outcomes.failure(killed_for, task.retry_policy, task.retry_count)
-        else:
-            outcome = outcomes.crashed(
-                task.retry_policy, task.retry_count, "the worker process running this task died"
-            )
-        code = outcome.error_code
-        if self.record_for(task, outcome, expect="RUNNING"):
-            return f"retry scheduled after {code}" if outcome.will_retry else f"FAILED with {code}"
-        if self.release([task]):
-            return "released back to PENDING (its code never started)"
-        return "already settled elsewhere"
 
     def unstart(self, task: TaskPayload) -> bool:
         """RUNNING -> PENDING for a task this process started but whose code it never ran."""
@@ -185,6 +293,22 @@ class Recorder:
             f"giving back task {task.id}", lambda c: claims.unstart_task(c, task, self.worker_id)
         )
         return given_back
+
+    def released_of(self, tasks: list[TaskPayload]) -> set[str]:
+        """release(), telling which of ``tasks`` went back to PENDING."""
+        if not self.release(tasks):
+            return set()
+        fences, _ = self._with_retry(
+            "reading released tasks", lambda c: claims.read_fences(c, [t.id for t in tasks])
+        )
+        return {
+            t.id
+            for t in tasks
+            if (f := fences.get(t.id)) is not None
+            and f.status == "PENDING"
+            and f.owner is None
+            and f.attempt == t.attempt
+        }
 
     def release(self, tasks: list[TaskPayload]) -> int:
         """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""
@@ -204,6 +328,34 @@ class Recorder:
     def _explain_miss(self, task: TaskPayload, action: str, retried: bool, *, settled: str) -> bool:
         """A fenced write matched nothing. True if it was in fact our own earlier commit."""
         now, _ = self._with_retry(f"reading task {task.id}", lambda c: claims.read_fence(c, task.id))
+        return self._judge(task, now, action, retried, settled)
+
+    def _explain_misses(
+        self, tasks: Sequence[TaskPayload], settled: Mapping[str, str], retried: bool, *, quiet: bool = False
+    ) -> set[str]:
+        """_explain_miss for the misses of a batch, read in one statement; returns the ids that
+        were our own earlier commit. quiet: a miss is expected (a crash record), do not warn."""
+        fences, _ = self._with_retry(
+            f"reading {len(tasks)} task(s)", lambda c: claims.read_fences(c, [t.id for t in tasks])
+        )
+        ours = set()
+        for task in tasks:
+            expected = settled[task.id]
+            action = "start" if expected == "RUNNING" else "record its outcome"
+            if self._judge(task, fences.get(task.id), action, retried, expected, quiet=quiet):
+                ours.add(task.id)
+        return ours
+
+    def _judge(
+        self,
+        task: TaskPayload,
+        now: FenceState | None,
+        action: str,
+        retried: bool,
+        settled: str,
+        *,
+        quiet: bool = False,
+    ) -> bool:
         if (
             retried
             and now is not None
@@ -216,6 +368,8 @@ class Recorder:
         ):
             log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
             return True
+        if quiet:
+            return False
         holder = "gone" if now is None else f"{now.status}, attempt {now.attempt}, owner {now.owner}"
         log.warning(
             "lost task %s (%s) attempt %d: could not %s, the row moved on (now %s); nothing was changed",

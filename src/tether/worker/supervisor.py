@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -21,7 +22,9 @@ from typing import Any
 from tether.broker.claims import TaskPayload
 from tether.result import TaskError
 from tether.worker import protocol
+from tether.worker.async_child import async_child_main
 from tether.worker.child import child_main
+from tether.worker.lanes import Kind, Lanes
 
 log = logging.getLogger("tether.worker.supervisor")
 
@@ -32,17 +35,26 @@ _CTX = multiprocessing.get_context("spawn")
 
 @dataclass(eq=False)
 class ChildSlot:
-    """One child process: its pipe and whether it is ready. The tasks it holds are in Holdings."""
+    """One child process: its kind, its pipe and whether it is ready. The tasks it holds are in Holdings."""
 
     index: int
+    kind: Kind
     process: BaseProcess
     conn: Connection
     ready: bool = False
-    killed_for: TaskError | None = None  # why the worker killed this child (its time limit)
+    # Why the worker killed this child: the error of each task it was killed for (a time
+    # limit), and what to tell of its other tasks (a hang); None: it died by itself.
+    killed_for: dict[str, TaskError] = field(default_factory=dict)
+    crash_reason: str | None = None
     has_message: Callable[[], bool] = field(init=False)
+    # An async child is sent batches that can outgrow the pipe's buffer while its loop is
+    # busy: they are written from a thread of their own, never from the event loop.
+    outbox: ThreadPoolExecutor | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.has_message = protocol.message_waiting(self.conn)
+        if self.kind == "async":
+            self.outbox = ThreadPoolExecutor(1, thread_name_prefix=f"tether-to-child-{self.index}")
 
     @property
     def pid(self) -> int | None:
@@ -57,7 +69,7 @@ class Supervisor:
     def __init__(
         self,
         *,
-        processes: int,
+        lanes: Lanes,
         app_path: str,
         url: str,
         worker_id: str,
@@ -65,7 +77,8 @@ class Supervisor:
         on_message: OnMessage,
         on_exit: OnExit,
     ) -> None:
-        self.processes = processes
+        self.lanes = lanes
+        self.processes = lanes.processes
         self.app_path = app_path
         self.url = url
         self.worker_id = worker_id
@@ -76,39 +89,45 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         # One monotonic timestamp per slot, written by the child's heartbeat thread.
         # CLOCK_MONOTONIC is shared by all processes of the machine.
-        self.stamps = _CTX.Array("d", processes, lock=False)
+        self.stamps = _CTX.Array("d", lanes.processes, lock=False)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         for index in range(self.processes):
             self.spawn(index)
 
+    def kind_of(self, index: int) -> Kind:
+        """Slots 0..sync_processes-1 hold sync children, the rest async ones."""
+        return "sync" if index < self.lanes.sync_processes else "async"
+
     def spawn(self, index: int) -> ChildSlot:
         assert self._loop is not None
         parent_end, child_end = _CTX.Pipe(duplex=True)
-        process = _CTX.Process(
-            target=child_main,
-            args=(
-                child_end,
-                self.app_path,
-                self.url,
-                self.worker_id,
-                os.getpid(),
-                self.log_level,
-                self.stamps,
-                index,
-            ),
-            name=f"tether-child-{index}",
-            daemon=True,
+        kind = self.kind_of(index)
+        args: tuple[Any, ...] = (
+            child_end,
+            self.app_path,
+            self.url,
+            self.worker_id,
+            os.getpid(),
+            self.log_level,
+            self.stamps,
+            index,
         )
+        if kind == "async":
+            target: Callable[..., None] = async_child_main
+            args += (self.lanes.async_concurrency,)
+        else:
+            target = child_main
+        process = _CTX.Process(target=target, args=args, name=f"tether-{kind}-child-{index}", daemon=True)
         self.stamps[index] = time.monotonic()  # a new child is fresh until it proves otherwise
         process.start()
         child_end.close()
-        slot = ChildSlot(index, process, parent_end)
+        slot = ChildSlot(index, kind, process, parent_end)
         self.slots[index] = slot
         self._loop.add_reader(parent_end.fileno(), self._readable, slot)
         self._loop.add_reader(process.sentinel, self._exited, slot)
-        log.debug("started child %d (pid %s)", index, process.pid)
+        log.debug("started %s child %d (pid %s)", kind, index, process.pid)
         return slot
 
     def _readable(self, slot: ChildSlot) -> None:
@@ -132,16 +151,26 @@ class Supervisor:
             pass
         slot.process.join(timeout=1)
         code = slot.process.exitcode
+        if slot.outbox is not None:
+            slot.outbox.shutdown(wait=False, cancel_futures=True)
         slot.conn.close()
         if self.slots.get(slot.index) is slot:
             del self.slots[slot.index]
         self.on_exit(slot, code)
 
     def send(self, slot: ChildSlot, op: str, **fields: Any) -> bool:
+        """Write a message to a child. An async child's is queued for its writer thread: True."""
+        if slot.outbox is not None:
+            slot.outbox.submit(self._send, slot, op, fields)
+            return True
+        return self._send(slot, op, fields)
+
+    def _send(self, slot: ChildSlot, op: str, fields: dict[str, Any]) -> bool:
         try:
             protocol.send(slot.conn, op, **fields)
             return True
         except (OSError, ValueError) as exc:
+            # A child that is gone: its exit is seen and its tasks are recorded.
             log.warning("could not write to child %d (pid %s): %s", slot.index, slot.pid, exc)
             return False
 
@@ -152,27 +181,39 @@ class Supervisor:
     def alive(self) -> list[ChildSlot]:
         return list(self.slots.values())
 
-    def kill_hung(self, limit_s: float, running: Callable[[int], TaskPayload | None]) -> None:
-        """Kill every child running a task whose heartbeat thread has not stamped for ``limit_s``.
+    def kill_hung(self, limit_s: float, running: Callable[[int], list[TaskPayload]]) -> None:
+        """Kill every child running tasks whose heartbeat has not been stamped for ``limit_s``.
 
-        Such a child is hung (or a C call holds the GIL). ``running(slot)``: its task, or
-        None when it runs nothing or is frozen on purpose. The exit is then seen and
-        recorded like any other crash.
+        A sync child is then hung (or a C call holds the GIL); an async child's event loop is
+        blocked (a task ran blocking code). ``running(slot)``: its running tasks, none when
+        it runs nothing or is frozen on purpose. The exit is then seen and recorded like any
+        other crash.
         """
         for slot in self.alive():
-            task = running(slot.index)
-            if task is None or not slot.process.is_alive():
+            tasks = running(slot.index)
+            if not tasks or not slot.process.is_alive():
                 continue
             age = self.stamp_age(slot)
             if age > limit_s:
+                if slot.kind == "async":
+                    slot.crash_reason = (
+                        f"its async child's event loop was blocked for {age:.0f}s (a task ran blocking "
+                        "code: time.sleep, CPU-bound work or sync I/O); the child was killed"
+                    )
+                else:
+                    slot.crash_reason = (
+                        f"its process stopped its heartbeat for {age:.0f}s (hung) and was killed"
+                    )
                 log.error(
-                    "child %d (pid %s) running task %s (%s) has not stamped its heartbeat for %.1fs "
-                    "(hung, or the GIL is held): killing it",
+                    "%s child %d (pid %s) running %d task(s) (%s) has not stamped its heartbeat for %.1fs "
+                    "(%s): killing it",
+                    slot.kind,
                     slot.index,
                     slot.pid,
-                    task.id,
-                    task.name,
+                    len(tasks),
+                    ", ".join(f"{t.id} ({t.name})" for t in tasks[:5]),
                     age,
+                    "its event loop is blocked" if slot.kind == "async" else "hung, or the GIL is held",
                 )
                 slot.process.kill()
 

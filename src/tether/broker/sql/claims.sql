@@ -7,11 +7,16 @@
 -- One ordered, limited index scan per queue (LATERAL), then the best of those:
 -- `queue = ANY(...)` in one scan would read and sort every ready row instead.
 -- skip_names: names this worker cannot run but another live worker can.
-WITH picked AS (
-    SELECT c.id
+-- A worker with both kinds of child (worker/lanes.py) has room for so many async
+-- tasks (named in async_names) and so many others: the scan reads as many rows as
+-- both together, in queue order, and takes from them what fits each kind. The rows
+-- it read but did not take stay PENDING (locked until this statement commits). A
+-- filter by name inside the scan would read past every row of the other kind.
+WITH scanned AS (
+    SELECT c.id, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     CROSS JOIN LATERAL (
-        SELECT t.id, t.priority, t.run_at FROM tether_tasks t
+        SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
         WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.run_at <= now()
           AND (t.good_until IS NULL OR t.good_until > now())
           AND t.name <> ALL(%(skip_names)s::text[])
@@ -21,6 +26,13 @@ WITH picked AS (
     ) c
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
+), picked AS (
+    SELECT id FROM (
+        SELECT id, is_async,
+               row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, run_at, id) AS nth
+        FROM scanned
+    ) ranked
+    WHERE nth <= CASE WHEN is_async THEN %(async_limit)s ELSE %(other_limit)s END
 )
 -- The claim's commit does not wait for its WAL flush (synchronous_commit off for
 -- this statement's transaction only). Safe: if the server crashed before the flush,
@@ -142,3 +154,67 @@ SELECT t.status, t.attempt, t.claimed_by_worker_id, a.pid AS recorded_by_pid
 FROM tether_tasks t
 LEFT JOIN tether_task_attempts a ON a.task_id = t.id AND a.attempt = t.attempt
 WHERE t.id = %(id)s;
+
+-- name: write_batch
+-- Many outcomes and many starts in ONE statement and one commit: the async
+-- executor writes everything that became ready during one turn of its event
+-- loop this way, and the worker's main process records all the tasks of a dead
+-- child this way. Each row keeps its own fence (expected status, attempt and
+-- owner): a row that lost its claim matches nothing and the others are written
+-- all the same. An outcome with a delay is a retry (back to PENDING after it),
+-- as in retry_task; one without is final, as in finish_task. Returns the ids
+-- that matched: recorded outcomes and started tasks.
+WITH given AS (
+    SELECT g.*, g.delay_s IS NOT NULL AS again
+    FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(expects)s::text[], %(statuses)s::text[],
+                %(results)s::text[], %(error_codes)s::text[], %(error_messages)s::text[],
+                %(delays)s::float8[])
+         AS g (id, attempt, expect, status, result, error_code, error_message, delay_s)
+), done AS (
+    UPDATE tether_tasks t
+    SET status = CASE WHEN g.again THEN 'PENDING' ELSE g.status END,
+        result = g.result::jsonb, error_code = g.error_code,
+        completed_at = CASE WHEN NOT g.again AND g.status = 'COMPLETED' THEN now() END,
+        failed_at = CASE WHEN NOT g.again AND g.status = 'FAILED' THEN now() END,
+        retry_count = t.retry_count + g.again::int,
+        next_retry_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s) END,
+        run_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s) ELSE t.run_at END,
+        enqueued_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s)
+                           ELSE t.enqueued_at END,
+        claimed_at = CASE WHEN g.again THEN NULL ELSE t.claimed_at END,
+        started_at = CASE WHEN g.again THEN NULL ELSE t.started_at END,
+        claimed_by_worker_id = CASE WHEN g.again THEN NULL ELSE t.claimed_by_worker_id END,
+        updated_at = now()
+    FROM given g, tether_tasks before
+    WHERE t.id = g.id AND before.id = t.id AND t.status = g.expect AND t.attempt = g.attempt
+      AND t.claimed_by_worker_id = %(worker_id)s
+    RETURNING t.id, t.attempt, t.queue, t.run_at, t.notify_on_done, before.started_at,
+              g.status, g.again, g.error_code, g.error_message
+), history AS (
+    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
+                                      outcome, will_retry, error_code, error_message)
+    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, status, again,
+           error_code, error_message
+    FROM done
+), started AS (
+    UPDATE tether_tasks t SET status = 'RUNNING', started_at = now(), updated_at = now()
+    FROM unnest(%(start_ids)s::uuid[], %(start_attempts)s::int[]) AS s (id, attempt)
+    WHERE t.id = s.id AND t.status = 'CLAIMED' AND t.attempt = s.attempt
+      AND t.claimed_by_worker_id = %(worker_id)s
+    RETURNING t.id
+), told_done AS (
+    SELECT pg_notify('tether_done', id::text) FROM done WHERE notify_on_done AND NOT again
+), told_work AS (
+    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
+    FROM done WHERE again GROUP BY queue
+)
+SELECT coalesce((SELECT array_agg(id::text) FROM done), '{}') AS recorded,
+       coalesce((SELECT array_agg(id::text) FROM started), '{}') AS started,
+       (SELECT count(*) FROM told_done) + (SELECT count(*) FROM told_work) AS notified;
+
+-- name: get_fences
+-- get_fence for many tasks at once (after an ambiguous batch write).
+SELECT t.id::text AS id, t.status, t.attempt, t.claimed_by_worker_id, a.pid AS recorded_by_pid
+FROM tether_tasks t
+LEFT JOIN tether_task_attempts a ON a.task_id = t.id AND a.attempt = t.attempt
+WHERE t.id = ANY(%(ids)s::uuid[]);

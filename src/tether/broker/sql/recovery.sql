@@ -147,7 +147,7 @@ CROSS JOIN LATERAL (
 ) hb
 WHERE t.status = 'RUNNING'
   AND greatest(t.started_at, t.progress_at, hb.last) < now() - %(threshold)s::interval
-ORDER BY t.started_at
+ORDER BY t.started_at, t.id
 LIMIT %(limit)s;
 
 -- name: prune_heartbeats

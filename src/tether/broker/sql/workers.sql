@@ -4,9 +4,9 @@
 -- The id is new to this process (hostname-pid-random): a row that exists already is this
 -- very registration, committed before a lost connection made the worker run it again.
 INSERT INTO tether_workers (id, hostname, pid, process_started_at, queues, processes,
-                            tether_version, task_names, host_key)
+                            async_processes, async_concurrency, tether_version, task_names, host_key)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(process_started_at)s, %(queues)s, %(processes)s,
-        %(version)s, %(task_names)s, %(host_key)s)
+        %(async_processes)s, %(async_concurrency)s, %(version)s, %(task_names)s, %(host_key)s)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: name_known_elsewhere
@@ -30,7 +30,8 @@ UPDATE tether_workers SET status = 'stopped', stopped_at = now(), updated_at = n
 WHERE id = %(id)s;
 
 -- name: list_workers
-SELECT w.id, w.hostname, w.pid, w.queues, w.processes, w.status, w.started_at,
+SELECT w.id, w.hostname, w.pid, w.queues, w.processes, w.async_processes, w.async_concurrency,
+       w.status, w.started_at,
        w.last_heartbeat_at,
        -- clock_timestamp(), not now(): a heartbeat committed after this statement's transaction
        -- began carries a later now() than ours, and its age would come out negative.

@@ -1,0 +1,34 @@
+"""The app of the async executor's benchmarks: workers load ``bench.async_apps:app``.
+
+Only ``async def`` tasks, so a worker started on it runs one async child and no sync
+child by default (worker/lanes.py). ``anoop`` returns at once; ``asleep(seconds)``
+awaits ``asyncio.sleep``: the I/O-bound task the executor exists for. Producers call
+``make_app``; the worker's copy reads TETHER_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tether import AppConfig, PostgresConfig, Tether
+
+
+def _register(app: Tether) -> Tether:
+    @app.task("anoop")
+    async def anoop() -> None:
+        return None
+
+    @app.task("asleep")
+    async def asleep(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    return app
+
+
+def make_app(database_url: str | None = None) -> Tether:
+    broker: dict[str, Any] = {} if database_url is None else {"database_url": database_url}
+    return _register(Tether(AppConfig(broker=PostgresConfig(**broker))))
+
+
+app = make_app()
