@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
@@ -20,7 +19,7 @@ from tests.harness import WorkerProcess
 from bench import async_apps
 from bench.apps import make_app
 from bench.infra import count_by_status, percentile, wait_all_terminal, wait_for
-from bench.scenarios import MB, Context, Outcome, Row
+from bench.scenarios import MB, Context, Outcome, Row, paced_sends
 
 ASYNC_THROUGHPUT_TARGET = 5_000
 SLEEP_WALL_TARGET_S = 3.0
@@ -184,19 +183,8 @@ def async_pickup_latency(ctx: Context) -> Outcome:
     ctx.db.reset_tasks()
     worker = _async_worker(ctx)
     app = async_apps.make_app(ctx.db.url)
-    anoop = app.tasks["anoop"]
-    rng = random.Random(7)
     try:
-        worker.wait_ready()
-        for _ in range(20):  # untimed warm-up
-            anoop.send()
-            time.sleep(0.015)
-        wait_all_terminal(ctx.db, worker, timeout=60, interval=0.02)
-        ids = []
-        for _ in range(n):
-            ids.append(anoop.send().id)
-            time.sleep(rng.uniform(0.010, 0.020))
-        wait_all_terminal(ctx.db, worker, timeout=120, interval=0.02)
+        ids = paced_sends(ctx, worker, app.tasks["anoop"], n)
     finally:
         app.close()
         worker.stop()

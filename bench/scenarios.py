@@ -362,24 +362,30 @@ def throughput(ctx: Context) -> Outcome:
 # -- 4. pickup latency ---------------------------------------------------------------------------
 
 
+def paced_sends(ctx: Context, worker: WorkerProcess, task: Any, n: int) -> list[uuid.UUID]:
+    """Once ``worker`` is ready and warm, ``n`` sends of ``task`` 10-20 ms apart; returns their ids
+    once all are terminal (the pickup latency scenarios)."""
+    rng = random.Random(7)
+    worker.wait_ready()
+    for _ in range(20):  # untimed warm-up: connections, prepared statements, first claims
+        task.send()
+        time.sleep(0.015)
+    wait_all_terminal(ctx.db, worker, timeout=60, interval=0.02)
+    ids = []
+    for _ in range(n):
+        ids.append(task.send().id)
+        time.sleep(rng.uniform(0.010, 0.020))
+    wait_all_terminal(ctx.db, worker, timeout=120, interval=0.02)
+    return ids
+
+
 def pickup_latency(ctx: Context) -> Outcome:
     n = 100 if ctx.quick else 500
     ctx.db.reset_tasks()
     worker = ctx.start_worker(processes=2)
     app = make_app(ctx.db.url)
-    noop = app.tasks["noop"]
-    rng = random.Random(7)
     try:
-        worker.wait_ready()
-        for _ in range(20):  # untimed warm-up: connections, prepared statements, first claims
-            noop.send()
-            time.sleep(0.015)
-        wait_all_terminal(ctx.db, worker, timeout=60, interval=0.02)
-        ids = []
-        for _ in range(n):
-            ids.append(noop.send().id)
-            time.sleep(rng.uniform(0.010, 0.020))
-        wait_all_terminal(ctx.db, worker, timeout=120, interval=0.02)
+        ids = paced_sends(ctx, worker, app.tasks["noop"], n)
     finally:
         app.close()
         worker.stop()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +29,7 @@ from tether.broker.types import DatabaseError
 from tether.current import set_current_task_in_context
 from tether.progress import set_reporter_in_context
 from tether.worker import protocol
-from tether.worker.app_loader import load_app
-from tether.worker.child import ParentGuard, running_task
+from tether.worker.child import ParentGuard, begin_child, running_task
 from tether.worker.execute import Executor, internal_failure
 from tether.worker.recorder import Recorder
 
@@ -53,15 +50,7 @@ def async_child_main(
     index: int,
     concurrency: int,
 ) -> None:
-    guard = ParentGuard(parent_pid)
-    # Shutdown (and the grace period) is the main process's call; see child.child_main.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level,
-        format=f"%(asctime)s %(levelname)s [async child {os.getpid()}] %(name)s: %(message)s",
-    )
-    app = load_app(app_path)
+    guard, app = begin_child("async child", parent_pid, log_level, app_path)
     recorder = Recorder(url, worker_id, app.config)
     child = AsyncChild(conn, Executor(app), recorder, guard, stamps, index, concurrency)
     try:

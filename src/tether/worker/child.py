@@ -20,6 +20,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tether.app import Tether
 from tether.broker.claims import TaskPayload
 from tether.current import RunningTask, set_current_task
 from tether.progress import set_reporter
@@ -97,6 +98,20 @@ def stamp_heartbeats(stamps: Any, index: int, interval_s: float) -> None:
     threading.Thread(target=beat, name="tether-runner-heartbeat", daemon=True).start()
 
 
+def begin_child(label: str, parent_pid: int, log_level: int, app_path: str) -> tuple[ParentGuard, Tether]:
+    """What every child does first: die with its parent, leave signals to it, log, import the app."""
+    guard = ParentGuard(parent_pid)
+    # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
+    # process of the worker: shutdown (and the grace period) is the main process's call.
+    # The child still dies with its parent (PR_SET_PDEATHSIG) and to the parent's SIGKILL.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s %(levelname)s [{label} {os.getpid()}] %(name)s: %(message)s"
+    )
+    return guard, load_app(app_path)
+
+
 def child_main(
     conn: Connection,
     app_path: str,
@@ -107,16 +122,7 @@ def child_main(
     stamps: Any,
     index: int,
 ) -> None:
-    guard = ParentGuard(parent_pid)
-    # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
-    # process of the worker: shutdown (and the grace period) is the main process's call.
-    # The child still dies with its parent (PR_SET_PDEATHSIG) and to the parent's SIGKILL.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level, format=f"%(asctime)s %(levelname)s [child {os.getpid()}] %(name)s: %(message)s"
-    )
-    app = load_app(app_path)
+    guard, app = begin_child("child", parent_pid, log_level, app_path)
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     executor = Executor(app)
     recorder = Recorder(url, worker_id, app.config)
