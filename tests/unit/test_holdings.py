@@ -130,3 +130,50 @@ def test_isolation_lets_go_of_unhanded_tasks_and_freezes_children() -> None:
     assert held.frozen(0)
     held.thaw(0)
     assert not held.frozen(0)
+
+
+def test_an_async_child_holds_many_tasks_and_each_is_counted_by_kind() -> None:
+    held = Holdings()
+    for task_id in ("s1", "s2"):
+        assert held.take(task(task_id), "sync")
+    for task_id in ("a1", "a2", "a3", "a4"):
+        assert held.take(task(task_id), "async")
+    assert (held.held("sync"), held.held("async"), len(held)) == (2, 4, 6)
+    assert (held.unhanded, held.unhanded_async) == (2, 4)
+    batch = held.next_unhanded_async(3)
+    assert [t.id for t in batch] == ["a1", "a2", "a3"] and held.unhanded_async == 1
+    held.hand_many(1, batch)
+    assert held.handed_count(1) == 3
+    assert [t.id for t in held.started_many(1, ["a1", "a2", "gone"])] == ["a1", "a2"]
+    assert sorted(t.id for t in held.running_in(1)) == ["a1", "a2"]
+    # The beat: unhanded as claimer, the child's started ones as runner, its waiting one as claimer.
+    beat = held.beat(MAIN_PID, (1,), lambda slot: CHILD_PID)
+    got = sorted(zip(beat.task_ids, beat.roles, beat.pids, strict=True))
+    assert got == [
+        ("a1", "runner", CHILD_PID),
+        ("a2", "runner", CHILD_PID),
+        ("a3", "claimer", MAIN_PID),
+        ("a4", "claimer", MAIN_PID),
+        ("s1", "claimer", MAIN_PID),
+        ("s2", "claimer", MAIN_PID),
+    ]
+    held.ended_many(1, ["a1", "a3"])  # recorded, and given back
+    assert held.handed_count(1) == 1 and held.held("async") == 2 and "a1" not in held
+    # A stale stamp: the running task is not vouched for; its waiting ones still are.
+    beat = held.beat(MAIN_PID, (1,), lambda slot: None)
+    assert "a2" not in beat.task_ids
+
+
+def test_a_dead_async_child_s_tasks_stay_held_until_recorded() -> None:
+    held = Holdings()
+    for task_id in ("a1", "a2"):
+        held.take(task(task_id), "async")
+    held.hand_many(3, held.next_unhanded_async(10))
+    held.started_many(3, ["a1"])
+    held.freeze(3)
+    assert held.frozen(3)
+    gone = held.child_gone(3)
+    assert sorted(t.id for t in gone) == ["a1", "a2"] and held.held("async") == 2
+    for t in gone:
+        held.forget(t.id)
+    assert held.held("async") == 0 and len(held) == 0 and held.handed_count(3) == 0
