@@ -25,7 +25,8 @@ CRASH_RETRY = RetryPolicy.fixed(1, max_retries=1, auto_retry_for=[ErrorCode.WORK
 @app.task("nap")
 async def nap(seconds: float, token: str = "") -> TaskResult[int, TaskError]:
     if token:
-        ledger(token)
+        # In a thread: the ledger's commit (and its WAL flush) must not block the loop.
+        await asyncio.to_thread(ledger, token)
     await asyncio.sleep(seconds)
     return TaskResult(ok=os.getpid())
 
@@ -34,7 +35,7 @@ async def nap(seconds: float, token: str = "") -> TaskResult[int, TaskError]:
 async def nap_once(seconds: float, token: str = "") -> TaskResult[int, TaskError]:
     """Naps on its first attempt only: a retry after a crash returns at once."""
     if token:
-        ledger(token)
+        await asyncio.to_thread(ledger, token)
     running = current_task()
     assert running is not None
     if running.retry_count == 0:

@@ -54,13 +54,18 @@ def test_ten_half_second_naps_run_at_once_in_one_process(
     worker = workers.start(APP, *ONE_ASYNC_CHILD)
     tokens = [token() for _ in range(10)]
     handles = aio.nap.send_many([(0.5, t) for t in tokens])
-    pids = {h.get(timeout=WAIT).ok for h in handles}
+    # Read from the rows, not with get(): a get() flags its row for a notification with an
+    # UPDATE, and a claim running at that moment skips the locked row until the next poll.
+    wait_until(lambda: all(task_row(db, h.id)["status"] == "COMPLETED" for h in handles), message="10 naps")
+    pids = {task_row(db, h.id)["result"]["ok"] for h in handles}
     assert len(pids) == 1, pids  # one process ran them all...
     assert set(ledger_pids(db, tokens)) == pids
     rows = rows_of(db, handles)
     span = max(r["completed_at"] for r in rows) - min(r["started_at"] for r in rows)
-    assert span.total_seconds() < 1.5, span  # ...at once: one after another would take 5 s
-    assert most_at_once(rows) == 10
+    assert span.total_seconds() < 2.5, span  # ...at once: one after another takes 5 s or more
+    assert most_at_once(rows) == 10, sorted(
+        (r["claimed_at"], r["started_at"], r["completed_at"]) for r in rows
+    )
     (pid,) = pids
     for row in rows:  # the process that ran each task recorded its outcome
         (attempt,) = attempt_rows(db, row["id"])

@@ -222,9 +222,9 @@ def test_releasing_a_stale_claim_leaves_the_newer_claim_alone(
     (new,) = claim(db, A)  # the same worker holds a newer claim of the same task
     assert new.attempt == old.attempt + 1
 
-    assert rec_a.release([old]) == 0
+    assert rec_a.release([old]) == set()
     row = task_row(db, new.id)
     assert (row["status"], row["attempt"], row["claimed_by_worker_id"]) == ("CLAIMED", new.attempt, A)
     assert rec_a.start(new) is True
-    assert rec_a.release([new]) == 0  # started: no longer releasable
+    assert rec_a.release([new]) == set()  # started: no longer releasable
     assert task_row(db, new.id)["status"] == "RUNNING"

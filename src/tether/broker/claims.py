@@ -210,11 +210,11 @@ def read_fences(conn: Conn, task_ids: Sequence[str]) -> dict[str, FenceState]:
     }
 
 
-def release_claimed(conn: Conn, tasks: list[TaskPayload], worker_id: str) -> int:
-    """CLAIMED -> PENDING for tasks whose code never started here; how many were released."""
+def release_claimed(conn: Conn, tasks: list[TaskPayload], worker_id: str) -> set[str]:
+    """CLAIMED -> PENDING for tasks whose code never started here; the ids released."""
     params = {"ids": [t.id for t in tasks], "attempts": [t.attempt for t in tasks], "worker_id": worker_id}
     row = conn.execute(q("release_claimed"), params).fetchone()
-    return int(row["released"]) if row else 0
+    return set(row["released_ids"]) if row else set()
 
 
 def unstart_task(conn: Conn, task: TaskPayload, worker_id: str) -> bool:

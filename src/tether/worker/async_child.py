@@ -200,7 +200,7 @@ class AsyncChild:
             )
             if releases:
                 released = await loop.run_in_executor(self._writes, self.recorder.release, releases)
-                log.info("gave back %d task(s) that never started", released)
+                log.info("gave back %d task(s) that never started", len(released))
         except DatabaseError as exc:
             # The database stayed away longer than the recorder retries: these tasks stay as
             # they are and the reaper recovers them when their heartbeats go stale.

@@ -336,10 +336,10 @@ class Worker:
         if not tasks:
             return
         assert self.recorder is not None
-        n = await asyncio.to_thread(self.recorder.release, tasks)
+        released = await asyncio.to_thread(self.recorder.release, tasks)
         for task in tasks:
             self.holdings.forget(task.id)
-        log.info("released %d claimed task(s) back to PENDING", n)
+        log.info("released %d claimed task(s) back to PENDING", len(released))
 
     def _time_limit_of(self, name: str) -> tuple[float, bool] | None:
         """A task name's time limit and whether the task is async; None: no limit."""

@@ -72,6 +72,8 @@ class Recorder:
                 except RolledBackError as exc:
                     # A deadlock with another writer of the same rows (a batch and the
                     # reaper lock them in different orders): nothing was written.
+                    if time.monotonic() > deadline:
+                        raise
                     log.warning("%s was rolled back by the database (%s); running it again", what, exc)
                     retried = True
                     continue
@@ -232,7 +234,7 @@ class Recorder:
         self.after_outcomes([w for w in writes if w.task.id in recorded])
         unstarted = [t for t in tasks if t.id not in recorded]
         if unstarted:
-            released = self.released_of(unstarted)
+            released = self.release(unstarted)
             for task in unstarted:
                 verdicts[task.id] = (
                     "released back to PENDING (its code never started)"
@@ -294,24 +296,9 @@ class Recorder:
         )
         return given_back
 
-    def released_of(self, tasks: list[TaskPayload]) -> set[str]:
-        """release(), telling which of ``tasks`` went back to PENDING."""
-        if not self.release(tasks):
-            return set()
-        fences, _ = self._with_retry(
-            "reading released tasks", lambda c: claims.read_fences(c, [t.id for t in tasks])
-        )
-        return {
-            t.id
-            for t in tasks
-            if (f := fences.get(t.id)) is not None
-            and f.status == "PENDING"
-            and f.owner is None
-            and f.attempt == t.attempt
-        }
-
-    def release(self, tasks: list[TaskPayload]) -> int:
-        """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child)."""
+    def release(self, tasks: list[TaskPayload]) -> set[str]:
+        """CLAIMED -> PENDING for tasks whose code never started here (shutdown, dead child);
+        returns the ids released (the others had moved on)."""
         released, _ = self._with_retry(
             "releasing claimed tasks", lambda c: claims.release_claimed(c, tasks, self.worker_id)
         )

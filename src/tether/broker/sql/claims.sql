@@ -132,7 +132,8 @@ WITH back AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM back GROUP BY queue
 )
-SELECT (SELECT count(*) FROM back) AS released, (SELECT count(*) FROM woken) AS queues;
+SELECT (SELECT count(*) FROM back) AS released, (SELECT count(*) FROM woken) AS queues,
+       coalesce((SELECT array_agg(id::text) FROM back), '{}') AS released_ids;
 
 -- name: unstart_task
 -- A child started this task in the same commit as its previous outcome, then
