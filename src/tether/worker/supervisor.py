@@ -43,7 +43,8 @@ class ChildSlot:
     conn: Connection
     ready: bool = False
     # Why the worker killed this child: the error of each task it was killed for (a time
-    # limit), and what to tell of its other tasks (a hang); None: it died by itself.
+    # limit), and what to tell of its other tasks (a hang, a neighbour's time limit). Both
+    # empty: it died by itself.
     killed_for: dict[str, TaskError] = field(default_factory=dict)
     crash_reason: str | None = None
     has_message: Callable[[], bool] = field(init=False)
