@@ -49,9 +49,9 @@ def backend(options: dict[str, Any] | None = None, **params: Any) -> Any:
             r"\['RECOVERY'\]: running_stale_threshold_ms: Input should be greater than or equal to 1000",
         ),
         (
-            {"WORKER": {"processes": 0}},
+            {"WORKER": {"processes": -1}},
             {},
-            r"\['WORKER'\]: processes: Input should be greater than or equal to 1",
+            r"\['WORKER'\]: processes: Input should be greater than or equal to 0",
         ),
         ({"WORKER": {"queues": ["elsewhere"]}}, {}, r"worker.queues names queue\(s\) \['elsewhere'\]"),
         ({"BROKER": {"database_url": "postgresql://x/y"}}, {}, r"\['BROKER'\]: give no database_url"),
