@@ -2,7 +2,9 @@
 
 tether_work: '<queue> <epoch of the earliest run_at>' when work becomes claimable;
 tether_done: '<task id>' when a task a handle waits for reaches a terminal state;
-tether_schedules: '<queue>' when a schedule of that queue is declared, changed, paused or resumed.
+tether_schedules: '<queue>' when a schedule of that queue is declared, changed, paused or resumed;
+tether_control: an operator's request to workers: 'cancel <worker id> <task id>' (a RUNNING
+task's cancel was requested), 'pause <queue>' or 'resume <queue>'.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from tether.broker.types import AsyncConn, Conn
 WORK_CHANNEL: Final = "tether_work"
 DONE_CHANNEL: Final = "tether_done"
 SCHEDULES_CHANNEL: Final = "tether_schedules"
+CONTROL_CHANNEL: Final = "tether_control"
 
 _LISTEN: dict[str, LiteralString] = {
     WORK_CHANNEL: "LISTEN tether_work",
     DONE_CHANNEL: "LISTEN tether_done",
     SCHEDULES_CHANNEL: "LISTEN tether_schedules",
+    CONTROL_CHANNEL: "LISTEN tether_control",
 }
 
 
@@ -27,5 +31,7 @@ def listen(conn: Conn, channel: str) -> None:
 
 
 async def listen_worker_async(conn: AsyncConn) -> None:
-    """A worker's listener: new work and schedule changes, in one round trip."""
-    await conn.execute(_LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL])
+    """A worker's listener: new work, schedule changes and operators' requests, in one round trip."""
+    await conn.execute(
+        _LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL] + "; " + _LISTEN[CONTROL_CHANNEL]
+    )

@@ -118,13 +118,16 @@ class Holdings:
         """A task taken with next_unhanded could not be handed: first in line again."""
         self._unhanded.appendleft(task)
 
-    def let_go_unhanded(self) -> list[TaskPayload]:
-        """Stop holding every unhanded task (given back, or dropped); returns them."""
-        tasks = list(self._unhanded) + list(self._unhanded_async)
-        self._unhanded.clear()
-        self._unhanded_async.clear()
-        for task in tasks:
-            self._drop(task.id)
+    def let_go_unhanded(self, queue: str | None = None) -> list[TaskPayload]:
+        """Stop holding every unhanded task (of ``queue`` only, if given): they are given
+        back, or dropped. Returns them."""
+        tasks = []
+        for line in (self._unhanded, self._unhanded_async):
+            going = [t for t in line if queue is None or t.queue == queue]
+            for task in going:
+                line.remove(task)
+                self._drop(task.id)
+            tasks += going
         return tasks
 
     # -- handed to a child ----------------------------------------------------------
@@ -207,6 +210,18 @@ class Holdings:
             # task, reporting STARTED for it.
             child.current = child.queued.popleft()
         return child.current if child.running else None
+
+    def child_holding(self, task_id: str) -> int | None:
+        """The slot of the child that was handed ``task_id`` (queued, current or running), or None."""
+        for slot, tasks in self._async.items():
+            if task_id in tasks.handed:
+                return slot
+        for slot, child in self._children.items():
+            if (child.current is not None and child.current.id == task_id) or any(
+                t.id == task_id for t in child.queued
+            ):
+                return slot
+        return None
 
     def running_in(self, slot: int) -> list[TaskPayload]:
         """The tasks child ``slot`` said are RUNNING."""

@@ -190,7 +190,13 @@ class Worker:
         self._background = [
             asyncio.create_task(
                 listen_for_work(
-                    url, config, set(self.queues), self.triggers.on_notification, on_listening, scheduler.wake
+                    url,
+                    config,
+                    set(self.queues),
+                    self.triggers.on_notification,
+                    on_listening,
+                    scheduler.wake,
+                    self._on_control,
                 )
             ),
             asyncio.create_task(heartbeat_loop(self, writer, every)),
@@ -340,6 +346,21 @@ class Worker:
         for task in tasks:
             self.holdings.forget(task.id)
         log.info("released %d claimed task(s) back to PENDING", len(released))
+
+    # -- operators' requests (the tether_control channel) -------------------------------
+
+    def _on_control(self, verb: str, arguments: list[str]) -> None:
+        if verb == "pause" and len(arguments) == 1 and arguments[0] in self.queues:
+            # Claimed tasks of the queue that no child has yet go back: a paused queue
+            # starts nothing new here. What a child was already handed may still start.
+            going = self.holdings.let_go_unhanded(arguments[0])
+            if going:
+                log.info("queue %s paused: giving back %d claimed task(s)", arguments[0], len(going))
+                self._background.append(asyncio.create_task(self._release(going)))
+        elif verb == "resume" and len(arguments) == 1 and arguments[0] in self.queues:
+            self.triggers.poke()
+        elif verb not in ("pause", "resume", "cancel"):
+            log.warning("unknown operator request %r %s on tether_control; ignored", verb, arguments)
 
     def _time_limit_of(self, name: str) -> tuple[float, bool] | None:
         """A task name's time limit and whether the task is async; None: no limit."""

@@ -1,5 +1,5 @@
-"""LISTEN for new work and schedule changes, and wake the claim loop or the scheduler;
-reconnect with backoff when the connection drops."""
+"""LISTEN for new work, schedule changes and operators' requests, and wake the claim loop,
+the scheduler or the worker; reconnect with backoff when the connection drops."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ async def listen_for_work(
     on_work: Callable[[float | None], None],
     on_connected: Callable[[], None],
     on_schedules: Callable[[], None],
+    on_control: Callable[[str, list[str]], None],
 ) -> None:
     """Call ``on_work(seconds_until_due)`` for every notification of new work on one of
-    ``queues``, and ``on_schedules()`` for every change to a schedule of one of them.
+    ``queues``, ``on_schedules()`` for every change to a schedule of one of them, and
+    ``on_control(verb, arguments)`` for every operator's request (notifications.py lists them).
 
     Runs until cancelled. After every (re)connection ``on_connected`` is called,
     since notifications sent while disconnected are lost.
@@ -39,6 +41,10 @@ async def listen_for_work(
                 backoff = 0.1
                 on_connected()
                 async for note in conn.notifies():
+                    if note.channel == notifications.CONTROL_CHANNEL:
+                        verb, *arguments = note.payload.split(" ")
+                        on_control(verb, arguments)
+                        continue
                     queue, _, run_at = note.payload.partition(" ")
                     if queue not in queues:
                         continue
