@@ -6,6 +6,7 @@ from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy
 from tether.current import RunningTask, current_task
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
 from tether.progress import report_progress
+from tether.queue_control import QueueInfo
 from tether.result import (
     TASK_TERMINAL_STATES,
     WORKFLOW_TERMINAL_STATES,
@@ -16,6 +17,7 @@ from tether.result import (
     TaskStatus,
     WorkflowStatus,
 )
+from tether.retrying import BulkRetry, RetryAnswer, RetryFilter
 from tether.workflow.definition import Node, Workflow
 from tether.workflow.handle import StepInfo, WorkflowHandle, WorkflowInfo
 from tether.workflow.recovery import recover_stuck_workflows, recover_stuck_workflows_async
@@ -27,10 +29,14 @@ __all__ = [
     "WORKFLOW_TERMINAL_STATES",
     "AppConfig",
     "AttemptInfo",
+    "BulkRetry",
     "ErrorCode",
     "Node",
     "PostgresConfig",
+    "QueueInfo",
     "RecoveryConfig",
+    "RetryAnswer",
+    "RetryFilter",
     "RetryPolicy",
     "RunningTask",
     "StaleTask",

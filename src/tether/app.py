@@ -15,9 +15,17 @@ from tether.config import AppConfig, RetryPolicy
 from tether.errors import ScheduleDefinitionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
-from tether.options import SendOptions, check_send_options, check_time_limit
+from tether.options import (
+    SendOptions,
+    check_cancel_grace,
+    check_queue,
+    check_send_options,
+    check_time_limit,
+)
 from tether.periodic import CatchUp, Overlap, Schedule, declare, set_paused
+from tether.queue_control import QueueInfo, list_queues, pause_queue, resume_queue
 from tether.result_listener import ResultListener
+from tether.retrying import BulkRetry, RetryFilter, retry_tasks
 from tether.task import Task
 from tether.workflow.definition import Node, OnError, Workflow
 from tether.workflow.handle import WorkflowHandle
@@ -56,8 +64,14 @@ class Tether:
         priority: int = 0,
         retry_policy: RetryPolicy | None = None,
         time_limit: float | timedelta | None = None,
+        cancel_grace: float | timedelta | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
-        """Register a function as the task ``name`` (unique in the app, stable across deploys)."""
+        """Register a function as the task ``name`` (unique in the app, stable across deploys).
+
+        time_limit: how long an attempt may run before its process is killed. cancel_grace:
+        how long its code may go on after a cancel was requested before its process is
+        killed (None: the worker's ``cancel_grace_s``, 5 s by default).
+        """
         if not isinstance(name, str) or not _TASK_NAME.match(name):
             raise TaskDefinitionError(
                 f"task name {name!r} is invalid: use letters, digits, '_', '.', ':' or '-' "
@@ -81,6 +95,7 @@ class Tether:
                 priority=priority,
                 retry_policy=retry_policy,
                 time_limit=check_time_limit(name, time_limit),
+                cancel_grace=check_cancel_grace(name, cancel_grace),
             )
             self.tasks[name] = task
             return task
@@ -217,6 +232,38 @@ class Tether:
     def list_schedules(self) -> list[ScheduleInfo]:
         """Every schedule stored in the database (all apps), as ``tether schedules`` lists them."""
         return self.broker.run(schedules.list_schedules)
+
+    def pause_queue(self, name: str, *, by: str | None = None) -> bool:
+        """Stop workers claiming from the declared queue ``name`` until resumed (docs/queues.md).
+
+        Running tasks go on; claimed tasks no child has yet are given back; sends are still
+        accepted. True if this call paused it, False if it was paused already. ``by``: who
+        asks (stored with the pause and logged).
+        """
+        return pause_queue(self.broker, check_queue(name, self.config.queues), by=by)
+
+    def resume_queue(self, name: str, *, by: str | None = None) -> bool:
+        """Let workers claim from the declared queue ``name`` again (at once); True if this call
+        resumed it, False if it was not paused."""
+        return resume_queue(self.broker, check_queue(name, self.config.queues), by=by)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every declared queue, every queue with tasks and every paused queue (all apps), as
+        ``tether queues`` shows them: counts per status, oldest due task's age, pause."""
+        return list_queues(self.broker, also=self.config.queues)
+
+    def retry_tasks(
+        self,
+        filter: RetryFilter,
+        *,
+        by: str | None = None,
+        dry_run: bool = False,
+        sample_size: int = 10,
+    ) -> BulkRetry:
+        """Retry every FAILED, CANCELLED or EXPIRED task (all apps) ``filter`` matches, in
+        batches (docs/tasks.md#retrying-by-hand); ``dry_run``: count and sample, change nothing.
+        ``by``: who asks (logged). One task: ``app.handle(id).retry()``."""
+        return retry_tasks(self.broker, filter, by=by, dry_run=dry_run, sample_size=sample_size)
 
     def check_options(self, task_name: str, options: SendOptions) -> SendOptions:
         """Validate send options; the error says which option and why."""

@@ -202,8 +202,8 @@ class WorkerConfig(BaseSettings):
     async_processes: OptInt = Field(default=None, ge=0, le=256)
     # How many async tasks one async child runs at once.
     async_concurrency: Int = Field(default=100, ge=1, le=10_000)
-    # An async task past its time limit is cancelled; its child is killed if the task has
-    # not ended this long after.
+    # A task whose cancel was requested, or an async task cancelled at its time limit, has
+    # its process killed if it has not ended this long after (a task's cancel_grace overrides).
     cancel_grace_s: Float = Field(default=5.0, ge=0, le=3_600)
     queues: OptQueueList = None  # None = every queue the app declares
     # Claimed-but-not-started tasks each kind of child may hold beyond its running ones;

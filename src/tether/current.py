@@ -10,8 +10,11 @@ functions need it: the Django backend builds Django's TaskContext from it.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+
+from tether.errors import TaskCancelledError
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,41 @@ class RunningTask:
     attempt: int  # the claim's fencing token: every claim increments it, so it can have gaps
     retry_count: int  # retries so far: 0 on the first run
     worker_id: str  # the worker holding the claim (tether_workers.id)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a cancel of this task was requested (``handle.cancel()``, ``tether cancel``,
+        the dashboard). The worker learns of it within a second and tells the task's process;
+        reading it costs no database round trip. Code that checks it should stop soon: it
+        ends CANCELLED when it raises (see raise_if_cancelled), and is killed with its
+        process after the cancel grace period if it goes on."""
+        return _cancel_probe(str(self.id))
+
+    def raise_if_cancelled(self) -> None:
+        """Raise TaskCancelledError if a cancel of this task was requested: the task then
+        ends CANCELLED (an ``except Exception`` does not catch it)."""
+        if self.cancel_requested:
+            raise TaskCancelledError(f"task {self.id} ({self.name}): cancel requested")
+
+
+def _never(task_id: str) -> bool:
+    return False
+
+
+# Set by the child process that runs tasks: asks whether a task's cancel was requested.
+_cancel_probe: Callable[[str], bool] = _never
+
+
+def cancel_requested_for(task_id: str) -> bool:
+    """Whether the cancel of ``task_id``, run by this process, was requested."""
+    return _cancel_probe(task_id)
+
+
+def set_cancel_probe(probe: Callable[[str], bool]) -> None:
+    """For the child process: how RunningTask.cancel_requested finds out (shared memory in a
+    sync child, the cancel messages it received in an async child)."""
+    global _cancel_probe
+    _cancel_probe = probe
 
 
 _current: RunningTask | None = None

@@ -72,3 +72,12 @@ class TaskFailed(TetherError):
     def __init__(self, error: TaskError) -> None:
         super().__init__(f"{error.code}: {error.message}")
         self.error = error
+
+
+class TaskCancelledError(BaseException):
+    """Raised inside a running task by ``tether.current_task().raise_if_cancelled()`` once a
+    cancel of the task was requested (docs/tasks.md#cancelling-a-running-task).
+
+    A BaseException, like asyncio.CancelledError, so that an ``except Exception`` in the
+    task's code does not swallow it: the task ends CANCELLED when it leaves the task.
+    """

@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from tether import cancelling
 from tether.app_view import AppView
 from tether.broker import tasks
 from tether.broker.tasks import AttemptInfo as AttemptInfo  # public as tether.AttemptInfo
+from tether.cancelling import CancelReply
 from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
 from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
-from tether.workflow import engine
+from tether.retrying import RetryAnswer, retry_task
 
 T = TypeVar("T")
 
@@ -52,6 +54,8 @@ class TaskInfo:
     attempts: tuple[AttemptInfo, ...]
     schedule_name: str | None = None  # sent by this schedule (app.periodic) ...
     schedule_slot: datetime | None = None  # ... for this slot (UTC); None for other tasks
+    cancel_requested_at: datetime | None = None  # when a cancel was first asked for (or None) ...
+    cancel_requested_by: str | None = None  # ... and by whom, when known
 
 
 def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | None:
@@ -114,20 +118,36 @@ class TaskHandle(Generic[T]):
         attempts = self.app.broker.run(lambda conn: tasks.get_attempts(conn, self.id))
         return _info(row, attempts)
 
-    def cancel(self) -> bool:
-        """Cancel if no code has run yet (PENDING or CLAIMED). True if this call cancelled it.
+    def cancel(self, *, by: str | None = None) -> CancelReply:
+        """Cancel the task, whatever it is doing (docs/tasks.md#cancelling-a-running-task).
+
+        Not started (PENDING, CLAIMED): CANCELLED now, CancelReply.CANCELLED. RUNNING: the
+        cancel is requested and its code told within a second, CancelReply.REQUESTED; it
+        ends CANCELLED when its code stops, or killed after the cancel grace period, unless
+        it completes first. Ended: nothing changes, CancelReply.ALREADY_ENDED (falsy).
+        ``by``: who asks, kept on the row and in the task's error message.
 
         A workflow step cancelled this way ends CANCELLED in its workflow, which
         then treats it as a step that did not complete (its on_error applies).
         """
-        cancelled = self.app.broker.run(lambda conn: tasks.cancel_task(conn, self.id))
-        if cancelled is not None and cancelled.workflow_id is not None:
-            workflow_id = cancelled.workflow_id
-            self.app.broker.run(lambda conn: engine.advance(conn, workflow_id, [self.id]))
-        return cancelled is not None
+        return cancelling.cancel_task(self.app.broker, self.id, by=by).reply
 
-    async def cancel_async(self) -> bool:
-        return await in_thread(self.cancel)
+    async def cancel_async(self, *, by: str | None = None) -> CancelReply:
+        return await in_thread(lambda: self.cancel(by=by))
+
+    def retry(self, *, by: str | None = None) -> RetryAnswer:
+        """Run a FAILED, CANCELLED or EXPIRED task again (docs/tasks.md#retrying-by-hand).
+
+        It becomes PENDING, due now, as a new attempt, with its retry policy's whole budget
+        again; its earlier attempts stay in its history. Any other status changes nothing:
+        ``retried`` is False and ``reason`` says why. A workflow step reopens its workflow
+        where the rules allow (docs/workflows.md#retrying-a-step). ``by``: who asks (logged).
+        Raises TaskNotFoundError for an unknown id.
+        """
+        return retry_task(self.app.broker, self.id, by=by)
+
+    async def retry_async(self, *, by: str | None = None) -> RetryAnswer:
+        return await in_thread(lambda: self.retry(by=by))
 
     # -- waiting -------------------------------------------------------------
 
@@ -222,4 +242,6 @@ def _info(row: tasks.TaskRow, attempts: list[AttemptInfo]) -> TaskInfo:
         attempts=tuple(attempts),
         schedule_name=row.schedule_name,
         schedule_slot=row.schedule_slot,
+        cancel_requested_at=row.cancel_requested_at,
+        cancel_requested_by=row.cancel_requested_by,
     )

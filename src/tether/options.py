@@ -161,6 +161,26 @@ def check_time_limit(task_name: str, value: Any) -> float | None:
     return float(seconds)
 
 
+MAX_CANCEL_GRACE_S = 3_600.0
+
+
+def check_cancel_grace(task_name: str, value: Any) -> float | None:
+    """A task's cancel grace period in seconds (from seconds or a timedelta); None: the worker's."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds <= MAX_CANCEL_GRACE_S
+    ):
+        raise TaskDefinitionError(
+            f"task {task_name!r}: cancel_grace must be a number of seconds or a timedelta, "
+            f"from 0 to {MAX_CANCEL_GRACE_S:g}, got {value!r}"
+        )
+    return float(seconds)
+
+
 def check_priority(priority: Any) -> int:
     if (
         isinstance(priority, bool)

@@ -20,7 +20,7 @@ from tether.result import ErrorCode, TaskError, TaskResult
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # COMPLETED | FAILED
+    status: str  # COMPLETED | FAILED | CANCELLED
     result_json: str
     error_code: str | None
     error_message: str | None
@@ -47,6 +47,15 @@ def retry_delay(retry_policy_json: str | None, retry_count: int, code: str) -> f
 
 
 def failure(error: TaskError, retry_policy_json: str | None, retry_count: int) -> Outcome:
+    """The task did not complete: FAILED (retried if its policy retries the code), or, for a
+    TASK_CANCELLED error, CANCELLED and never retried.
+
+    The database adds one rule when it writes the outcome (claims.sql write_batch): a
+    failure of a task whose cancel was requested settles as CANCELLED too. Only the
+    database knows of a request the worker has not heard of yet.
+    """
+    if error.code == ErrorCode.TASK_CANCELLED:
+        return cancelled(error.message, error.data)
     try:
         result_json = codec.encode_result(TaskResult(err=error))
     except SerializationError:
@@ -57,6 +66,15 @@ def failure(error: TaskError, retry_policy_json: str | None, retry_count: int) -
     code = str(error.code)
     return Outcome(
         "FAILED", result_json, code, error.message, retry_delay(retry_policy_json, retry_count, code)
+    )
+
+
+def cancelled(message: str, data: Any = None) -> Outcome:
+    """TASK_CANCELLED: the task's code stopped on a cancel request (or was killed for
+    ignoring one). Final: a cancelled task is never retried."""
+    error = TaskError(ErrorCode.TASK_CANCELLED, printable(message), storable(data))
+    return Outcome(
+        "CANCELLED", codec.encode_result(TaskResult(err=error)), str(error.code), error.message, None
     )
 
 

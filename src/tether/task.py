@@ -62,12 +62,15 @@ class Task(Generic[P, R]):
         priority: int,
         retry_policy: RetryPolicy | None,
         time_limit: float | None = None,
+        cancel_grace: float | None = None,
     ) -> None:
         self.app = app
         self.name = name
         self.fn = fn
         self.retry_policy = retry_policy
         self.time_limit = time_limit  # seconds an attempt may run; the worker kills it after
+        # seconds its code may go on after a cancel request; None: the worker's cancel_grace_s
+        self.cancel_grace = cancel_grace
         self.signature = inspect.signature(fn)
         for reserved in RESERVED_OPTION_NAMES & set(self.signature.parameters):
             raise TaskDefinitionError(

@@ -19,6 +19,7 @@ from tests.apps.support import attempt_rows, load_app_module, task_row
 from tether import ErrorCode, TaskStatus
 from tether.broker.claims import TaskPayload
 from tether.broker.queries import q
+from tether.cancelling import CancelReply
 from tether.config import AppConfig, PostgresConfig
 from tether.outcomes import Outcome
 from tether.worker.recorder import Recorder
@@ -99,7 +100,7 @@ def test_a_zombie_cannot_record_over_the_new_attempt(
     assert rec_b.start(task_b)
 
     with caplog.at_level(logging.WARNING, logger="tether.worker.recorder"):
-        assert rec_a.record(task_a, outcome) == (False, None)
+        assert rec_a.record(task_a, outcome) == (None, None)
     assert lost_warnings(caplog, task_a.id), caplog.text
     row = task_row(db, task_a.id)
     assert (row["status"], row["attempt"], row["claimed_by_worker_id"]) == ("RUNNING", 2, B)
@@ -107,7 +108,7 @@ def test_a_zombie_cannot_record_over_the_new_attempt(
     assert row["retry_count"] == 0 and row["error_code"] is None
     assert attempt_rows(db, task_a.id) == []  # no history row for the lost write either
 
-    assert rec_b.record(task_b, COMPLETED) == (True, None)
+    assert rec_b.record(task_b, COMPLETED) == ("COMPLETED", None)
     row = task_row(db, task_b.id)
     assert (row["status"], row["attempt"], row["claimed_by_worker_id"]) == ("COMPLETED", 2, B)
     (attempt,) = attempt_rows(db, task_b.id)
@@ -130,10 +131,10 @@ def test_the_attempt_number_fences_the_same_worker_too(
     assert new.attempt == old.attempt + 1 and rec_a.start(new)
 
     with caplog.at_level(logging.WARNING, logger="tether.worker.recorder"):
-        assert rec_a.record(old, FAILED) == (False, None)
+        assert rec_a.record(old, FAILED) == (None, None)
     assert lost_warnings(caplog, old.id)
     assert task_row(db, old.id)["status"] == "RUNNING"
-    assert rec_a.record(new, COMPLETED) == (True, None)
+    assert rec_a.record(new, COMPLETED) == ("COMPLETED", None)
     assert [a["attempt"] for a in attempt_rows(db, new.id)] == [new.attempt]
 
 
@@ -154,7 +155,7 @@ def test_a_lost_outcome_does_not_stop_the_next_task_starting(
     assert stolen.id == first.id
 
     with caplog.at_level(logging.WARNING, logger="tether.worker.recorder"):
-        assert rec_a.record(first, COMPLETED, next_task=second) == (False, True)
+        assert rec_a.record(first, COMPLETED, next_task=second) == (None, True)
     assert lost_warnings(caplog, first.id)
     assert task_row(db, first.id)["status"] == "CLAIMED"
     row = task_row(db, second.id)
@@ -195,7 +196,7 @@ def test_a_cancelled_claimed_task_cannot_start(
     handle = basic.add.send(1, 2)
     (task,) = claim(db, A)
     assert task_row(db, task.id)["status"] == "CLAIMED"
-    assert handle.cancel() is True
+    assert handle.cancel() is CancelReply.CANCELLED
 
     assert rec_a.start(task) is False
     row = task_row(db, task.id)
@@ -203,7 +204,7 @@ def test_a_cancelled_claimed_task_cannot_start(
     assert handle.status() is TaskStatus.CANCELLED
     assert handle.get(timeout=5).err.code == ErrorCode.TASK_CANCELLED
     # And nothing it might still try to record lands.
-    assert rec_a.record(task, COMPLETED) == (False, None)
+    assert rec_a.record(task, COMPLETED) == (None, None)
     assert task_row(db, task.id)["status"] == "CANCELLED"
     assert attempt_rows(db, task.id) == []
 

@@ -20,6 +20,7 @@ from tests.apps.support import count_tasks, task_row
 from tests.conftest import REPO, WorkerFactory, WorkerProcess
 from tether import ErrorCode, TaskHandle, TaskStatus
 from tether.broker.tasks import count_status_of
+from tether.cancelling import CancelReply
 from tether.errors import TaskNotFoundError
 
 APP = "tests.apps.basic:app"
@@ -54,12 +55,12 @@ async def test_async_send_get_status_cancel(basic: ModuleType, worker: WorkerPro
     result = await handle.get_async(timeout=WAIT)
     assert result.ok == 42
     assert await handle.status_async() is TaskStatus.COMPLETED
-    assert await handle.cancel_async() is False
+    assert await handle.cancel_async() is CancelReply.ALREADY_ENDED
 
     waiting = await basic.add.with_options(queue="low").send_async(1, 1)
     assert await waiting.status_async() is TaskStatus.PENDING
     assert (await waiting.get_async(timeout=0.2)).err.code == ErrorCode.WAIT_TIMEOUT
-    assert await waiting.cancel_async() is True
+    assert await waiting.cancel_async() is CancelReply.CANCELLED
     assert (await waiting.get_async(timeout=WAIT)).err.code == ErrorCode.TASK_CANCELLED
 
     many = await basic.add.send_many_async([(i, 1) for i in range(5)])
@@ -150,7 +151,8 @@ def test_an_unknown_id(basic: ModuleType) -> None:
         handle.status()
     with pytest.raises(TaskNotFoundError):
         handle.info()
-    assert handle.cancel() is False
+    with pytest.raises(TaskNotFoundError):
+        handle.cancel()
     assert count_tasks_of(basic, handle) == 0
 
 

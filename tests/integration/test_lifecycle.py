@@ -28,6 +28,7 @@ from tests.apps.support import (
 )
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, TaskStatus
+from tether.cancelling import CancelReply
 
 APP = "tests.apps.basic:app"
 FAST_REAPER = {"TETHER_CHECK_INTERVAL_MS": "1000"}
@@ -274,13 +275,13 @@ def test_cancel_pending_and_it_never_runs(
     cancelled = low.send(cancelled_tok)
     other = low.send(other_tok)
 
-    assert cancelled.cancel() is True
+    assert cancelled.cancel() is CancelReply.CANCELLED
     row = task_row(conn, cancelled.id)
     assert row["status"] == "CANCELLED" and row["error_code"] == "TASK_CANCELLED"
     assert row["cancelled_at"] >= row["sent_at"]
     err = cancelled.get(timeout=5).err
     assert err is not None and err.code == ErrorCode.TASK_CANCELLED
-    assert cancelled.cancel() is False
+    assert cancelled.cancel() is CancelReply.ALREADY_ENDED
     assert cancelled.status() is TaskStatus.CANCELLED
 
     workers.start(APP, "--queues", "low", "--processes", "1")
@@ -298,7 +299,7 @@ def test_cancel_completed_changes_nothing(
     handle = basic.add.send(1, 1)
     assert handle.get(timeout=WAIT).ok == 2
     before = task_row(conn, handle.id)
-    assert handle.cancel() is False
+    assert handle.cancel() is CancelReply.ALREADY_ENDED
     assert task_row(conn, handle.id) == before
     assert handle.status() is TaskStatus.COMPLETED
     assert handle.get(timeout=1).ok == 2
@@ -332,7 +333,7 @@ def test_expired_before_any_worker_claimed_it(
     assert row["attempt"] == 0 and row["claimed_at"] is None and row["started_at"] is None
     assert attempt_rows(conn, handle.id) == []  # nothing ran: no attempt
     assert runs(conn, tok) == 0
-    assert handle.cancel() is False
+    assert handle.cancel() is CancelReply.ALREADY_ENDED
 
 
 def test_schedule_runs_after_the_delay(

@@ -19,6 +19,7 @@ from tests.apps.support import clean_connection, load_app_module, runs, workflow
 from tests.apps.support import workflow_steps as steps
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, StepStatus, TaskStatus, WorkflowStatus
+from tether.cancelling import CancelReply
 
 APP = "tests.apps.flows:app"
 WAIT = 60.0
@@ -244,7 +245,7 @@ def test_cancelling_a_step_task_counts_as_a_failed_step(flows: ModuleType, conn:
     parked = flows.number.with_options(queue="other").node(args=(1,), name="parked")
     after = flows.add.node(args=(1,), after=[parked], name="after")
     handle = flows.app.workflow("step-cancel", [parked, after]).start()
-    assert handle.task("parked").cancel() is True
+    assert handle.task("parked").cancel() is CancelReply.CANCELLED
     result = handle.get(timeout=WAIT)
     assert result.err is not None and result.err.data["failed_steps"]["parked"]["code"] == "TASK_CANCELLED"
     assert steps(conn, handle.id)["after"]["status"] == "SKIPPED"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from tether.broker.queries import q
@@ -60,10 +59,12 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
-    """What an outcome write did: its fenced write matched, and the next task started."""
+    """What an outcome write did: its fenced write matched, the next task started, and the
+    status the row settled in (None when nothing matched; PENDING: a retry)."""
 
     recorded: bool
     next_started: bool
+    settled: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +122,25 @@ def record_outcome(
 ) -> Recorded:
     """Record ``outcome`` under ``fence``, its attempt row, and start ``start_next``: one statement.
 
-    A failure that will be retried goes back to PENDING after its delay; any other
-    outcome is final. hostname/pid: the process that ran the code (None for a reaper).
+    A completion goes through complete_task (a sync child's hot path); any other outcome
+    through write_batch, which applies the cancel rule: a failure of a task whose cancel
+    was requested settles as CANCELLED. hostname/pid: the process that ran the code (None
+    for a reaper).
     """
+    if outcome.status != "COMPLETED":
+        written = _write_rows(
+            conn,
+            worker_id=fence.worker_id,
+            hostname=hostname,
+            pid=pid,
+            rows=[(fence.task_id, fence.attempt, fence.expect, outcome)],
+            starts=[start_next] if start_next is not None else [],
+        )
+        return Recorded(
+            fence.task_id in written.settled,
+            start_next is not None and start_next.id in written.started,
+            written.settled.get(fence.task_id),
+        )
     params: dict[str, Any] = {
         "next_id": start_next.id if start_next is not None else None,
         "next_attempt": start_next.attempt if start_next is not None else None,
@@ -132,19 +149,12 @@ def record_outcome(
         "worker_id": fence.worker_id,
         "expect": fence.expect,
         "result": outcome.result_json,
-        "error_code": outcome.error_code,
-        "error_message": outcome.error_message,
         "hostname": hostname,
         "pid": pid,
     }
-    if outcome.will_retry:
-        params["delay"] = timedelta(seconds=outcome.retry_delay_s or 0.0)
-        statement = q("retry_task")
-    else:
-        params["status"] = outcome.status
-        statement = q("finish_task")
-    row = conn.execute(statement, params).fetchone()
-    return Recorded(bool(row and row["recorded"]), bool(row and row["next_started"]))
+    row = conn.execute(q("complete_task"), params).fetchone()
+    recorded = bool(row and row["recorded"])
+    return Recorded(recorded, bool(row and row["next_started"]), "COMPLETED" if recorded else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +168,16 @@ class OutcomeWrite:
 
 @dataclass(frozen=True, slots=True)
 class BatchWritten:
-    """What a batch write matched: the ids whose outcome was recorded, and those started."""
+    """What a batch write matched: the status each recorded task settled in (PENDING: a
+    retry; CANCELLED: a cancellation, or a failure of a task whose cancel was requested),
+    and the ids started."""
 
-    recorded: frozenset[str]
+    settled: dict[str, str]
     started: frozenset[str]
+
+    @property
+    def recorded(self) -> frozenset[str]:
+        return frozenset(self.settled)
 
 
 def write_batch(
@@ -178,25 +194,38 @@ def write_batch(
     A row whose fence does not match (its claim was lost) is left alone; the others are
     written all the same. A task must appear at most once in ``outcomes``.
     """
+    rows = [(w.task.id, w.task.attempt, w.expect, w.outcome) for w in outcomes]
+    return _write_rows(conn, worker_id=worker_id, hostname=hostname, pid=pid, rows=rows, starts=starts)
+
+
+def _write_rows(
+    conn: Conn,
+    *,
+    worker_id: str,
+    hostname: str | None,
+    pid: int | None,
+    rows: Sequence[tuple[str, int, str, Outcome]],
+    starts: Sequence[TaskPayload],
+) -> BatchWritten:
+    """write_batch of (task id, attempt, expected status, outcome) rows."""
     params: dict[str, Any] = {
         "worker_id": worker_id,
         "hostname": hostname,
         "pid": pid,
-        "ids": [w.task.id for w in outcomes],
-        "attempts": [w.task.attempt for w in outcomes],
-        "expects": [w.expect for w in outcomes],
-        "statuses": [w.outcome.status for w in outcomes],
-        "results": [w.outcome.result_json for w in outcomes],
-        "error_codes": [w.outcome.error_code for w in outcomes],
-        "error_messages": [w.outcome.error_message for w in outcomes],
-        "delays": [w.outcome.retry_delay_s for w in outcomes],
+        "ids": [r[0] for r in rows],
+        "attempts": [r[1] for r in rows],
+        "expects": [r[2] for r in rows],
+        "statuses": [r[3].status for r in rows],
+        "results": [r[3].result_json for r in rows],
+        "error_codes": [r[3].error_code for r in rows],
+        "delays": [r[3].retry_delay_s for r in rows],
         "start_ids": [t.id for t in starts],
         "start_attempts": [t.attempt for t in starts],
     }
     row = conn.execute(q("write_batch"), params).fetchone()
     if row is None:
-        return BatchWritten(frozenset(), frozenset())
-    return BatchWritten(frozenset(row["recorded"]), frozenset(row["started"]))
+        return BatchWritten({}, frozenset())
+    return BatchWritten(dict(zip(row["recorded"], row["settled"], strict=True)), frozenset(row["started"]))
 
 
 def read_fences(conn: Conn, task_ids: Sequence[str]) -> dict[str, FenceState]:

@@ -39,10 +39,19 @@ class Snapshot:
     cpu_percent: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class BeatAnswer:
+    """What a beat learned: the tasks reported that the worker no longer holds, and the
+    RUNNING ones it holds whose cancel was requested."""
+
+    lost: frozenset[str] = frozenset()
+    cancel_requested: frozenset[str] = frozenset()
+
+
 async def write_heartbeats(
     conn: AsyncConn, *, worker_id: str, hostname: str, beat: Beat, snapshot: Snapshot | None
-) -> set[str]:
-    """Write the beat; returns the ids of the tasks reported that this worker no longer holds."""
+) -> BeatAnswer:
+    """Write the beat; returns what the database said of the tasks reported."""
     params: dict[str, Any] = {
         "worker_id": worker_id,
         "hostname": hostname,
@@ -58,7 +67,9 @@ async def write_heartbeats(
     }
     cur = await conn.execute(q("write_heartbeats"), params)
     row = await cur.fetchone()
-    return set(row["lost"]) if row and row["lost"] else set()
+    if row is None:
+        return BeatAnswer()
+    return BeatAnswer(frozenset(row["lost"]), frozenset(row["cancel_requested"]))
 
 
 def report_progress(conn: Conn, task_id: str, attempt: int, worker_id: str, progress: Any) -> bool:

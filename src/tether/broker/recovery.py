@@ -48,7 +48,8 @@ class RequeuedTask:
 class CrashedTask:
     """A RUNNING task whose runner went silent, settled with WORKER_CRASHED.
 
-    ``retry_delay_s`` is set when its retry policy scheduled another attempt, None when it FAILED.
+    ``retry_delay_s`` is set when its retry policy scheduled another attempt, None when it
+    ended: FAILED, or CANCELLED when its cancel had been requested (``settled`` says which).
     """
 
     id: UUID
@@ -57,6 +58,7 @@ class CrashedTask:
     claimed_by_worker_id: str
     silent_s: float  # seconds since the start or the runner's last heartbeat
     retry_delay_s: float | None
+    settled: str = "FAILED"  # PENDING (a retry), FAILED or CANCELLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ def recover_stale_running(
     why: str | None = None,
     quiet: bool = False,
 ) -> tuple[list[CrashedTask], list[CrashedTask]]:
-    """Retry or fail RUNNING tasks whose runner went silent. Returns (retried, failed).
+    """Retry or fail RUNNING tasks whose runner went silent. Returns (retried, ended): ended
+    ones are FAILED, or CANCELLED if their cancel had been requested.
 
     Runs in one transaction: the rows stay locked from the scan to the write.
     """
@@ -183,7 +186,8 @@ def recover_stale_running(
             )
             outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
             fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
-            if not record_outcome(conn, fence, outcome, hostname=None, pid=None).recorded:
+            settled = record_outcome(conn, fence, outcome, hostname=None, pid=None).settled
+            if settled is None:
                 continue  # settled by its own worker in the meantime: nothing to do
             task = CrashedTask(
                 row["id"],
@@ -191,9 +195,10 @@ def recover_stale_running(
                 row["attempt"],
                 row["claimed_by_worker_id"],
                 row["silent_s"],
-                outcome.retry_delay_s if outcome.will_retry else None,
+                outcome.retry_delay_s if settled == "PENDING" else None,
+                settled,
             )
-            (retried if outcome.will_retry else failed).append(task)
+            (retried if settled == "PENDING" else failed).append(task)
             if quiet:
                 continue
             log.warning(
@@ -204,7 +209,9 @@ def recover_stale_running(
                 task.claimed_by_worker_id,
                 how,
                 f"retry in {outcome.retry_delay_s:.1f}s (policy retries WORKER_CRASHED)"
-                if outcome.will_retry
+                if settled == "PENDING"
+                else "CANCELLED (its cancel had been requested)"
+                if settled == "CANCELLED"
                 else "FAILED with WORKER_CRASHED",
             )
     return retried, failed

@@ -161,6 +161,8 @@ class TaskRow:
     progress_at: datetime | None
     schedule_name: str | None  # a periodic task's schedule, and the slot it was sent for
     schedule_slot: datetime | None
+    cancel_requested_at: datetime | None  # a cancel was asked for then (docs/tasks.md), by:
+    cancel_requested_by: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,16 +230,25 @@ def get_heartbeats(conn: Conn, task_id: UUID, limit: int) -> list[Heartbeat]:
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
-    """A task this call cancelled; ``workflow_id`` is set when it is a workflow step."""
+    """What cancel_task did: ``status`` CANCELLED (it had not started) or RUNNING (the cancel
+    is requested); ``workflow_id`` is set when the task is a workflow step."""
 
-    task_id: UUID
+    id: UUID
+    status: str
     workflow_id: UUID | None
+    claimed_by_worker_id: str | None
+    cancel_requested_at: datetime
+    cancel_requested_by: str | None
 
 
-def cancel_task(conn: Conn, task_id: UUID) -> Cancelled | None:
-    """PENDING or CLAIMED -> CANCELLED (no code ran); None if the task was in no such state."""
-    row = conn.execute(q("cancel_task"), {"id": task_id}).fetchone()
-    return None if row is None else Cancelled(row["id"], row["workflow_id"])
+def cancel_task(conn: Conn, task_id: UUID, by: str | None) -> Cancelled | None:
+    """PENDING or CLAIMED -> CANCELLED; RUNNING: the cancel requested (its worker told). None if
+    the task was in none of these states (ended, or no such task)."""
+    row = conn.execute(q("cancel_task"), {"id": task_id, "by": by}).fetchone()
+    if row is None:
+        return None
+    del row["told"]
+    return Cancelled(**row)
 
 
 # -- listings and counts ------------------------------------------------------

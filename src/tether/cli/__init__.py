@@ -13,7 +13,20 @@ import sys
 import click
 
 from tether.app import Tether
-from tether.cli import dashboard, demo, migrate, recovery, schedules, status, tasks, workers, workflows
+from tether.cli import (
+    cancel,
+    dashboard,
+    demo,
+    migrate,
+    queues,
+    recovery,
+    retry,
+    schedules,
+    status,
+    tasks,
+    workers,
+    workflows,
+)
 from tether.config import AppConfig
 from tether.errors import TetherError
 
@@ -38,11 +51,15 @@ for command in (
     workers.workers,
     tasks.tasks,
     tasks.task,
+    cancel.cancel,
     recovery.recover,
     demo.demo,
     workflows.workflows,
     workflows.workflow,
     schedules.schedules,
+    queues.queues,
+    queues.queue,
+    retry.retry,
 ):
     cli.add_command(command)
 

@@ -9,7 +9,9 @@ that tests close) applies to every command.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,3 +128,12 @@ def workers_table(workers: list[WorkerSummary]) -> Table:
             for w in workers
         ],
     )
+
+
+def who_asks() -> str:
+    """The ``by`` of an operator's action from the command line: ``cli:<user>@<host>``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (some containers)
+        user = "unknown"
+    return f"cli:{user}@{socket.gethostname()}"

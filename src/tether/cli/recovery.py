@@ -62,7 +62,10 @@ def recover(
     rows: Sequence[tuple[str, RequeuedTask | CrashedTask]] = (
         [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
         + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
-        + [("FAILED (WORKER_CRASHED)", r) for r in done.failed]
+        + [
+            ("CANCELLED (cancel requested)" if r.settled == "CANCELLED" else "FAILED (WORKER_CRASHED)", r)
+            for r in done.failed
+        ]
     )
     if as_json:
         common.emit_json(

@@ -32,6 +32,8 @@ TASK_FIELDS = (
     "completed_at",
     "failed_at",
     "cancelled_at",
+    "cancel_requested_at",
+    "cancel_requested_by",
     "expired_at",
     "next_retry_at",
     "args",

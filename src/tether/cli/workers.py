@@ -49,6 +49,13 @@ from tether.config import WorkerConfig
 @click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all declared).")
 @click.option("--prefetch", type=int, default=None, help="Claimed tasks held beyond running ones.")
 @click.option("--grace-period", type=float, default=None, help="Seconds running tasks get on SIGTERM.")
+@click.option(
+    "--cancel-grace",
+    type=float,
+    default=None,
+    help="Seconds a task may go on after its cancel (or an async task after its time limit) "
+    "before its process is killed (default 5).",
+)
 @click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
 def worker(
     app_path: str | None,
@@ -60,6 +67,7 @@ def worker(
     queues: str | None,
     prefetch: int | None,
     grace_period: float | None,
+    cancel_grace: float | None,
     poll_interval_ms: int | None,
 ) -> None:
     """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
@@ -83,6 +91,7 @@ def worker(
         "queues": queues,
         "prefetch": prefetch,
         "grace_period_s": grace_period,
+        "cancel_grace_s": cancel_grace,
         "poll_interval_ms": poll_interval_ms,
     }
     run_worker(app, app_path, worker_config(app, overrides))

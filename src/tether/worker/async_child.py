@@ -26,7 +26,7 @@ from typing import Any
 
 from tether.broker.claims import OutcomeWrite, TaskPayload
 from tether.broker.types import DatabaseError
-from tether.current import set_current_task_in_context
+from tether.current import set_cancel_probe, set_current_task_in_context
 from tether.progress import set_reporter_in_context
 from tether.worker import protocol
 from tether.worker.child import ParentGuard, begin_child, running_task
@@ -79,6 +79,11 @@ class AsyncChild:
         self.concurrency = concurrency
         self.waiting: deque[TaskPayload] = deque()  # handed to us, not started
         self.running: dict[str, asyncio.Task[None]] = {}  # started, code running
+        # Tasks whose cancel was requested (CANCEL messages): RunningTask.cancel_requested
+        # reads this, from the loop or from a sync task's thread.
+        self.cancel_requested: set[str] = set()
+        self.running_names: dict[str, str] = {}  # the task name of each running task
+        set_cancel_probe(self.cancel_requested.__contains__)
         self.finished: list[OutcomeWrite] = []  # code ended, outcome not yet written
         self.stopping = False
         self.parent_gone = False
@@ -123,6 +128,8 @@ class AsyncChild:
                 msg = protocol.recv(self.conn)
                 if msg["op"] == protocol.RUN_MANY:
                     self.waiting.extend(msg["tasks"])
+                elif msg["op"] == protocol.CANCEL:
+                    self._cancel(msg["id"])
                 elif msg["op"] == protocol.STOP:
                     self.stopping = True
         except (EOFError, OSError) as exc:
@@ -132,6 +139,20 @@ class AsyncChild:
             asyncio.get_running_loop().remove_reader(self.conn.fileno())
             self.parent_gone = True
         self._wake.set()
+
+    def _cancel(self, task_id: str) -> None:
+        """A task's cancel was requested: cancel its coroutine. A sync task running in a thread
+        cannot be interrupted: it is told through current_task().cancel_requested only, and the
+        worker kills this child if it goes on past the grace period."""
+        running = self.running.get(task_id)
+        if running is None:
+            return  # it ended meanwhile (or never started here: a cancel before the start wins)
+        self.cancel_requested.add(task_id)
+        found = self.executor.app.find_task(self.running_names[task_id])
+        if found is not None and found.is_async:
+            # Soon, not now: a task created in this turn of the loop has not run its first
+            # step, and a cancel then would skip _run's body (and its outcome) entirely.
+            asyncio.get_running_loop().call_soon(running.cancel)
 
     # -- the heartbeat slot -------------------------------------------------------------
 
@@ -163,6 +184,8 @@ class AsyncChild:
         except Exception as exc:  # a bug of ours must not pass as the task's crash
             outcome = internal_failure(payload, exc)
         del self.running[payload.id]
+        del self.running_names[payload.id]
+        self.cancel_requested.discard(payload.id)
         self.finished.append(OutcomeWrite(payload, outcome))
         self._wake.set()
 
@@ -210,7 +233,7 @@ class AsyncChild:
                 len(starts),
                 exc,
             )
-            recorded, started = set(), set()
+            recorded, started = {}, set()
         if not self.guard.parent_alive():
             log.warning("%d outcome(s) recorded after the worker's main process died; exiting", len(recorded))
             given_back = [t for t in starts if t.id in started]  # started here, none of their code ran
@@ -222,6 +245,7 @@ class AsyncChild:
         for task in starts:
             if task.id in started:
                 self.running[task.id] = loop.create_task(self._run(task), name=f"tether-task-{task.id}")
+                self.running_names[task.id] = task.name
         self._tell(outcomes, starts, recorded, started, releases)
         return True
 
@@ -229,7 +253,7 @@ class AsyncChild:
         self,
         outcomes: list[OutcomeWrite],
         starts: list[TaskPayload],
-        recorded: set[str],
+        recorded: dict[str, str],
         started: set[str],
         releases: list[TaskPayload],
     ) -> None:
@@ -237,6 +261,6 @@ class AsyncChild:
             protocol.BATCH,
             started=[t.id for t in starts if t.id in started],
             lost=[t.id for t in starts if t.id not in started],
-            done=[[w.task.id, w.outcome.status if w.task.id in recorded else "LOST"] for w in outcomes],
+            done=[[w.task.id, recorded.get(w.task.id, "LOST")] for w in outcomes],
             released=[t.id for t in releases],
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 from tether.app import Tether
 from tether.broker.claims import TaskPayload
-from tether.current import RunningTask, set_current_task
+from tether.current import RunningTask, set_cancel_probe, set_current_task
 from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
@@ -121,9 +121,11 @@ def child_main(
     log_level: int,
     stamps: Any,
     index: int,
+    cancels: Any,
 ) -> None:
     guard, app = begin_child("child", parent_pid, log_level, app_path)
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
+    set_cancel_probe(partial(_on_cancel_board, cancels, index))
     executor = Executor(app)
     recorder = Recorder(url, worker_id, app.config)
     try:
@@ -161,7 +163,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         guard.disarm()
         reply = _ask_next(conn, pushed, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
-        recorded, next_started = recorder.record(current, outcome, next_task)
+        settled, next_started = recorder.record(current, outcome, next_task)
         if not guard.parent_alive():
             log.warning("task %s: outcome recorded after the worker's main process died; exiting", current.id)
             if next_task is not None and next_started:
@@ -172,13 +174,19 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             conn,
             protocol.DONE,
             id=current.id,
-            status=outcome.status if recorded else "LOST",
+            status=settled or "LOST",
             next_id=next_task.id if next_task else None,
             next_lost=next_task is not None and not next_started,
         )
         if reply["op"] == protocol.STOP:
             return
         current = next_task if next_started else None
+
+
+def _on_cancel_board(cancels: Any, index: int, task_id: str) -> bool:
+    """Whether the main process wrote ``task_id`` on this child's slot of the cancel board."""
+    size = protocol.CANCEL_ID_BYTES
+    return bytes(cancels[index * size : (index + 1) * size]) == uuid.UUID(task_id).bytes
 
 
 def running_task(task: TaskPayload, worker_id: str) -> RunningTask:

@@ -12,12 +12,16 @@ from typing import Any
 from tether import codec, outcomes
 from tether.app import Tether
 from tether.broker.claims import TaskPayload
-from tether.errors import SerializationError
+from tether.current import cancel_requested_for
+from tether.errors import SerializationError, TaskCancelledError
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskResult
 from tether.task import Task
 
 log = logging.getLogger("tether.worker.execute")
+
+# How often an async task run in a sync child looks at the cancel board.
+CANCEL_CHECK_S = 0.2
 
 # Hints that JSON already produces exactly; converting them would only cost time.
 _PLAIN_HINTS: frozenset[Any] = frozenset(
@@ -40,10 +44,12 @@ class Executor:
             return prepared
         task, args, kwargs = prepared
         try:
-            value = self._call(task, args, kwargs)
+            value = self._call(task, args, kwargs, payload.id)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
+            if _is_cancellation(exc, payload.id):
+                return cancelled(payload)
             return self.outcome_of_error(payload, exc)
         return self.outcome_of(payload, value)
 
@@ -53,7 +59,8 @@ class Executor:
         An async task's time limit cancels its coroutine here; the worker's main process
         kills the child if it has not ended a grace period later. A sync task sent to a
         worker without sync children runs in a thread, which cannot be cancelled: its
-        limit is the kill. A cancellation from outside (the child stopping it) propagates.
+        limit is the kill. A cancel request (the child cancels the coroutine) ends it
+        CANCELLED; any other cancellation from outside (the child stopping) propagates.
         """
         prepared = self.prepare(payload)
         if isinstance(prepared, Outcome):
@@ -69,8 +76,12 @@ class Executor:
                 async with asyncio.timeout(limit) as scope:
                     value = await task.fn(*args, **kwargs)
         except asyncio.CancelledError:
-            raise
+            if cancel_requested_for(payload.id):
+                return cancelled(payload)
+            raise  # the child is going away
         except BaseException as exc:
+            if isinstance(exc, TaskCancelledError):
+                return cancelled(payload)
             if limit is not None and isinstance(exc, TimeoutError) and scope.expired():
                 log.error(
                     "task %s (%s) attempt %d exceeded its time limit of %gs: cancelled",
@@ -132,12 +143,27 @@ class Executor:
         delay = outcomes.retry_delay(payload.retry_policy, payload.retry_count, str(err.code))
         return Outcome("FAILED", result_json, str(err.code), err.message, delay)
 
-    def _call(self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def _call(self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], task_id: str) -> Any:
         if not task.is_async:
             return task.fn(*args, **kwargs)
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(task.fn(*args, **kwargs))
+        loop = self._loop
+        running = loop.create_task(task.fn(*args, **kwargs))
+
+        # An async task run in a sync child: this process's one thread is in the loop, so
+        # the loop itself looks at the cancel board and cancels the coroutine when asked.
+        def watch_cancel() -> None:
+            if cancel_requested_for(task_id):
+                running.cancel()
+            elif not running.done():
+                watching[0] = loop.call_later(CANCEL_CHECK_S, watch_cancel)
+
+        watching = [loop.call_later(CANCEL_CHECK_S, watch_cancel)]
+        try:
+            return loop.run_until_complete(running)
+        finally:
+            watching[0].cancel()
 
     def _decode(self, task: Task[Any, Any], payload: TaskPayload) -> tuple[list[Any], dict[str, Any]]:
         args = codec.loads(payload.args)
@@ -196,6 +222,22 @@ def _needs_conversion(hint: Any) -> bool:
         return hint not in _PLAIN_HINTS
     except TypeError:  # unhashable hint
         return True
+
+
+def _is_cancellation(exc: BaseException, task_id: str) -> bool:
+    """The task stopped on its cancel request: it raised TaskCancelledError, or its coroutine
+    was cancelled because of the request."""
+    return isinstance(exc, TaskCancelledError) or (
+        isinstance(exc, asyncio.CancelledError) and cancel_requested_for(task_id)
+    )
+
+
+def cancelled(payload: TaskPayload) -> Outcome:
+    """The task's code stopped on a cancel request (the database adds who asked)."""
+    log.info(
+        "task %s (%s) attempt %d stopped on its cancel request", payload.id, payload.name, payload.attempt
+    )
+    return outcomes.cancelled("cancelled while running")
 
 
 def failure(payload: TaskPayload, error: TaskError) -> Outcome:

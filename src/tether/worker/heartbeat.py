@@ -20,7 +20,7 @@ from typing import Protocol
 import psutil
 
 from tether.broker import heartbeats
-from tether.broker.heartbeats import Beat, Snapshot
+from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
 from tether.broker.types import AsyncConn, DatabaseError
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import connect_worker_async
@@ -43,8 +43,9 @@ class BeatSource(Protocol):
         """Every task held, in the role it is held in; also the moment to kill hung children."""
         ...
 
-    def answered(self, lost: set[str]) -> None:
-        """A beat got through; ``lost``: tasks reported that the worker no longer holds."""
+    def answered(self, answer: BeatAnswer) -> None:
+        """A beat got through: the tasks reported that the worker no longer holds, and those
+        whose cancel was requested."""
         ...
 
 
@@ -84,22 +85,22 @@ class HeartbeatWriter:
         self.last_ok = time.monotonic()
         self._conn: AsyncConn | None = None
 
-    async def write(self, beat: Beat, snapshot: Snapshot | None, timeout: float) -> set[str]:
-        """Write one beat within ``timeout``; returns the tasks that are no longer ours."""
+    async def write(self, beat: Beat, snapshot: Snapshot | None, timeout: float) -> BeatAnswer:
+        """Write one beat within ``timeout``; returns what the database said of its tasks."""
         try:
             return await asyncio.wait_for(self._write(beat, snapshot), timeout)
         except (DatabaseError, OSError, TimeoutError):
             await self.close()  # a fresh connection for the next try
             raise
 
-    async def _write(self, beat: Beat, snapshot: Snapshot | None) -> set[str]:
+    async def _write(self, beat: Beat, snapshot: Snapshot | None) -> BeatAnswer:
         if self._conn is None or self._conn.closed:
             self._conn = await connect_worker_async(self.url, self.config, "heartbeat")
-        lost = await heartbeats.write_heartbeats(
+        answer = await heartbeats.write_heartbeats(
             self._conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
         )
         self.last_ok = time.monotonic()
-        return lost
+        return answer
 
     async def close(self) -> None:
         if self._conn is not None and not self._conn.closed:
@@ -116,12 +117,12 @@ async def heartbeat_loop(source: BeatSource, writer: HeartbeatWriter, every: flo
         if beats % SNAPSHOT_EVERY == 0:
             snapshot = Snapshot(source.tasks_done, *resources())
         try:
-            lost = await writer.write(beat, snapshot, timeout=every)
+            answer = await writer.write(beat, snapshot, timeout=every)
         except (DatabaseError, OSError, TimeoutError) as exc:
             silent = time.monotonic() - writer.last_ok
             log.warning("heartbeat failed (%s); none written for %.1fs", exc or type(exc).__name__, silent)
             await asyncio.sleep(min(every, RETRY_AFTER_FAILURE_S))  # try again soon, not a beat later
             continue
         beats += 1
-        source.answered(lost)
+        source.answered(answer)
         await asyncio.sleep(every)

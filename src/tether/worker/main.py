@@ -24,12 +24,13 @@ from tether import __version__, outcomes
 from tether.app import Tether
 from tether.broker import workers
 from tether.broker.claims import TaskPayload
-from tether.broker.heartbeats import Beat
+from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.config import WorkerConfig
 from tether.errors import UnknownQueueError
 from tether.result import ErrorCode, TaskError
+from tether.worker.cancels import Cancels
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.claimer import Claimer
 from tether.worker.dispatch import Dispatcher
@@ -81,6 +82,7 @@ class Worker:
         self.dispatcher: Dispatcher | None = None
         self.isolation: Isolation | None = None
         self.supervisor: Supervisor | None = None
+        self.cancels: Cancels | None = None
 
     @property
     def worker_id(self) -> str:
@@ -137,6 +139,7 @@ class Worker:
                 on_exit=self.dispatcher.on_exit,
             )
             self.supervisor.start(loop)
+            self.cancels = Cancels(self.holdings, self.supervisor, self._cancel_grace_of)
             await self._start_services(url, registration)
             # Before claiming anything: recover what dead workers on this host left behind.
             await asyncio.to_thread(reconcile_host, url, config, self.identity)
@@ -358,9 +361,19 @@ class Worker:
                 log.info("queue %s paused: giving back %d claimed task(s)", arguments[0], len(going))
                 self._background.append(asyncio.create_task(self._release(going)))
         elif verb == "resume" and len(arguments) == 1 and arguments[0] in self.queues:
-            self.triggers.poke()
+            self.triggers.work_may_wait()
+        elif verb == "cancel" and len(arguments) == 2 and arguments[0] == self.worker_id:
+            if self.cancels is not None:
+                self.cancels.request(arguments[1])
         elif verb not in ("pause", "resume", "cancel"):
             log.warning("unknown operator request %r %s on tether_control; ignored", verb, arguments)
+
+    def _cancel_grace_of(self, name: str) -> float:
+        """How long a task of that name may go on after its cancel was requested, in seconds."""
+        task = self.app.find_task(name)
+        if task is not None and task.cancel_grace is not None:
+            return task.cancel_grace
+        return self.config.cancel_grace_s
 
     def _time_limit_of(self, name: str) -> tuple[float, bool] | None:
         """A task name's time limit and whether the task is async; None: no limit."""
@@ -390,10 +403,14 @@ class Worker:
 
         return self.holdings.beat(os.getpid(), slots, runner_pid)
 
-    def answered(self, lost: set[str]) -> None:
+    def answered(self, answer: BeatAnswer) -> None:
         assert self.isolation is not None
+        lost = set(answer.lost)
         if self.isolation.isolated:
             self.isolation.rejoin(lost)
+        if self.cancels is not None:
+            for task_id in answer.cancel_requested:  # a tether_control notification may have been missed
+                self.cancels.request(task_id)
         if lost:
             for task_id in self.holdings.lose(lost):
                 log.warning(

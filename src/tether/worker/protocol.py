@@ -21,6 +21,10 @@ NONE = "none"  # answer to NEXT: nothing buffered; wait for RUN or STOP
 STOP = "stop"  # finish what you hold, record it, exit (an async child gives back what it never started)
 # main -> async child
 RUN_MANY = "run_many"  # {"tasks": [TaskPayload]}: start these as slots free up
+CANCEL = "cancel"  # {"id"}: the task's cancel was requested: cancel its coroutine (a sync
+#                    child reads its slot of the supervisor's cancel board instead)
+# A sync child's slot of the cancel board (shared memory): the 16 bytes of a task id.
+CANCEL_ID_BYTES = 16
 # child -> main
 READY = "ready"  # started, app imported, database connected
 STARTED = "started"  # {"id"}: the task is RUNNING (or {"id", "lost": true}: its claim was gone)

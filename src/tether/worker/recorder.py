@@ -105,57 +105,62 @@ class Recorder:
         started, retried = self._with_retry(
             f"starting task {task.id}", lambda c: claims.start_task(c, task, self.worker_id)
         )
-        return started or self._explain_miss(task, "start", retried, settled="RUNNING")
+        return started or self._explain_miss(task, "start", retried, settled="RUNNING") is not None
 
     def record(
         self, task: TaskPayload, outcome: Outcome, next_task: TaskPayload | None = None
-    ) -> tuple[bool, bool | None]:
+    ) -> tuple[str | None, bool | None]:
         """Record the outcome (and start ``next_task`` in the same transaction).
 
-        Returns (outcome recorded, next started or None when there was no next).
+        Returns (the status the row settled in, None when the outcome was not recorded;
+        next started, or None when there was no next). The status is the outcome's, except
+        that a failure of a task whose cancel was requested settles as CANCELLED.
         """
         fence = self.fence(task, "RUNNING")
 
-        def work(c: Conn) -> tuple[bool, bool | None]:
+        def work(c: Conn) -> tuple[str | None, bool | None]:
             # One statement in autocommit: the outcome, its attempt row and the next
             # task's start commit together, in one round trip.
             done = claims.record_outcome(
                 c, fence, outcome, hostname=self.hostname, pid=self.pid, start_next=next_task
             )
-            return done.recorded, None if next_task is None else done.next_started
+            return done.settled, None if next_task is None else done.next_started
 
-        (recorded, started), retried = self._with_retry(f"recording task {task.id}", work)
-        if not recorded:
-            recorded = self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
+        (settled, started), retried = self._with_retry(f"recording task {task.id}", work)
+        if settled is None:
+            settled = self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
         if next_task is not None and not started:
-            started = self._explain_miss(next_task, "start", retried, settled="RUNNING")
-        if recorded:
-            self.after_outcome(task, outcome)
-        return recorded, started
+            started = self._explain_miss(next_task, "start", retried, settled="RUNNING") is not None
+        if settled is not None:
+            self.after_outcome(task, settled)
+        return settled, started
 
     def write_batch(
         self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload] = ()
-    ) -> tuple[set[str], set[str]]:
-        """Record many outcomes and start many tasks in one statement; returns (recorded, started) ids.
+    ) -> tuple[dict[str, str], set[str]]:
+        """Record many outcomes and start many tasks in one statement; returns (the status each
+        recorded task settled in, the ids started).
 
         A miss is explained as in record(); a row the database refuses (the batch fails
         as a whole) makes each write go alone, so it cannot hold back the others.
         """
-        recorded, started, retried = self._write_batch(outcomes, starts)
-        missed = [w.task for w in outcomes if w.task.id not in recorded]
+        settled, started, retried = self._write_batch(outcomes, starts)
+        missed = [w.task for w in outcomes if w.task.id not in settled]
         if missed:
-            settled = {w.task.id: w.outcome.settles_as for w in outcomes}
-            recorded |= self._explain_misses(missed, settled, retried)
+            expected = {w.task.id: w.outcome.settles_as for w in outcomes}
+            settled |= self._explain_misses(missed, expected, retried)
         missed_starts = [t for t in starts if t.id not in started]
         if missed_starts:
-            started |= self._explain_misses(missed_starts, {t.id: "RUNNING" for t in missed_starts}, retried)
-        self.after_outcomes([w for w in outcomes if w.task.id in recorded])
-        return recorded, started
+            started |= set(
+                self._explain_misses(missed_starts, {t.id: "RUNNING" for t in missed_starts}, retried)
+            )
+        self.after_outcomes([w.task for w in outcomes if w.task.id in settled], settled)
+        return settled, started
 
     def _write_batch(
         self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload]
-    ) -> tuple[set[str], set[str], bool]:
-        """The batch in one statement: (recorded, started, whether it ran more than once)."""
+    ) -> tuple[dict[str, str], set[str], bool]:
+        """The batch in one statement: (settled statuses, started, whether it ran more than once)."""
         what = f"writing {len(outcomes)} outcome(s) and {len(starts)} start(s)"
         try:
             written, retried = self._with_retry(
@@ -169,17 +174,22 @@ class Recorder:
                     starts=starts,
                 ),
             )
-            return set(written.recorded), set(written.started), retried
+            return dict(written.settled), set(written.started), retried
         except OperationalError:
             raise  # the database stayed away past give_up_after_s
         except DatabaseError:
             log.exception("%s failed; writing each row alone", what)
-        recorded = {w.task.id for w in outcomes if self._record_alone(w)}
+        settled = {}
+        for w in outcomes:
+            status = self._record_alone(w)
+            if status is not None:
+                settled[w.task.id] = status
         started = {t.id for t in starts if self.start(t)}
-        return recorded, started, False
+        return settled, started, False
 
-    def _record_alone(self, write: OutcomeWrite) -> bool:
-        """One outcome on its own; if the database refuses it, a failure that says why instead."""
+    def _record_alone(self, write: OutcomeWrite) -> str | None:
+        """One outcome on its own; if the database refuses it, a failure that says why instead.
+        Returns the status the row settled in, None if the write matched nothing."""
         fence = self.fence(write.task, write.expect)
         try:
             done, _ = self._with_retry(
@@ -188,7 +198,7 @@ class Recorder:
                     c, fence, write.outcome, hostname=self.hostname, pid=self.pid
                 ),
             )
-            return done.recorded
+            return done.settled
         except OperationalError:
             raise
         except DatabaseError as exc:
@@ -199,7 +209,7 @@ class Recorder:
                 f"recording task {write.task.id}",
                 lambda c: claims.record_outcome(c, fence, outcome, hostname=self.hostname, pid=self.pid),
             )
-            return done.recorded
+            return done.settled
 
     def record_crashes(
         self, tasks: Sequence[TaskPayload], killed_for: Mapping[str, TaskError], how: str
@@ -207,9 +217,10 @@ class Recorder:
         """A child holding ``tasks`` died: each started one failed (or is retried), each unstarted one
         never ran and goes back to PENDING. One statement for the started ones, one for the rest.
 
-        killed_for: the error of each task the worker killed the child for (its time limit);
-        every other started task crashed, ``how`` says in what way. Returns what became of
-        each task, for the log.
+        killed_for: the error of each task the worker killed the child for (its time limit,
+        or a cancel it ignored); every other started task crashed, ``how`` says in what way.
+        A task whose cancel was requested settles as CANCELLED whatever the reason. Returns
+        what became of each task, for the log.
         """
         writes = []
         for task in tasks:
@@ -219,20 +230,25 @@ class Recorder:
             else:
                 outcome = outcomes.crashed(task.retry_policy, task.retry_count, how)
             writes.append(OutcomeWrite(task, outcome))
-        recorded, _, retried = self._write_batch(writes, ())
-        missed = [w.task for w in writes if w.task.id not in recorded]
+        settled, _, retried = self._write_batch(writes, ())
+        missed = [w.task for w in writes if w.task.id not in settled]
         if retried and missed:  # one of ours may have committed before the connection dropped
-            settled = {w.task.id: w.outcome.settles_as for w in writes}
-            recorded |= self._explain_misses(missed, settled, retried, quiet=True)
+            expected = {w.task.id: w.outcome.settles_as for w in writes}
+            settled |= self._explain_misses(missed, expected, retried, quiet=True)
         verdicts: dict[str, str] = {}
         for w in writes:
-            if w.task.id in recorded:
+            status = settled.get(w.task.id)
+            if status is not None:
                 code = w.outcome.error_code
                 verdicts[w.task.id] = (
-                    f"retry scheduled after {code}" if w.outcome.will_retry else f"FAILED with {code}"
+                    f"retry scheduled after {code}"
+                    if status == "PENDING"
+                    else "CANCELLED (its cancel had been requested)"
+                    if status == "CANCELLED" and code != ErrorCode.TASK_CANCELLED
+                    else f"{status} with {code}"
                 )
-        self.after_outcomes([w for w in writes if w.task.id in recorded])
-        unstarted = [t for t in tasks if t.id not in recorded]
+        self.after_outcomes([w.task for w in writes if w.task.id in settled], settled)
+        unstarted = [t for t in tasks if t.id not in settled]
         if unstarted:
             released = self.release(unstarted)
             for task in unstarted:
@@ -243,12 +259,12 @@ class Recorder:
                 )
         return verdicts
 
-    def after_outcomes(self, written: Sequence[OutcomeWrite]) -> None:
-        """after_outcome for a batch: one advance per workflow."""
+    def after_outcomes(self, written: Sequence[TaskPayload], settled: Mapping[str, str]) -> None:
+        """after_outcome for a batch (``settled``: each task's status now): one advance per workflow."""
         steps: dict[str, list[str]] = {}
-        for w in written:
-            if w.task.workflow_id is not None and not w.outcome.will_retry:
-                steps.setdefault(w.task.workflow_id, []).append(w.task.id)
+        for task in written:
+            if task.workflow_id is not None and settled.get(task.id, "PENDING") != "PENDING":
+                steps.setdefault(task.workflow_id, []).append(task.id)
         for workflow_id, task_ids in steps.items():
             self._advance(workflow_id, task_ids)
 
@@ -259,20 +275,21 @@ class Recorder:
             f"recording task {task.id}",
             lambda c: claims.record_outcome(c, fence, outcome, hostname=self.hostname, pid=self.pid),
         )
-        recorded = done.recorded or (
-            retried and self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
-        )
-        if recorded:
-            self.after_outcome(task, outcome)
-        return recorded
+        settled = done.settled
+        if settled is None and retried:
+            settled = self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
+        if settled is not None:
+            self.after_outcome(task, settled)
+        return settled is not None
 
-    def after_outcome(self, task: TaskPayload, outcome: Outcome) -> None:
-        """A workflow step's task has ended: advance its workflow (a transaction of its own).
+    def after_outcome(self, task: TaskPayload, settled: str) -> None:
+        """A workflow step's task has ended (``settled``: its status now; PENDING, a retry, has
+        not ended): advance its workflow (a transaction of its own).
 
         If this process dies first, the step stays ENQUEUED with an ended task and
         the reaper's reconciliation advances the workflow instead.
         """
-        if task.workflow_id is None or outcome.will_retry:
+        if task.workflow_id is None or settled == "PENDING":
             return
         self._advance(task.workflow_id, [task.id])
 
@@ -312,25 +329,27 @@ class Recorder:
         )
         return reported
 
-    def _explain_miss(self, task: TaskPayload, action: str, retried: bool, *, settled: str) -> bool:
-        """A fenced write matched nothing. True if it was in fact our own earlier commit."""
+    def _explain_miss(self, task: TaskPayload, action: str, retried: bool, *, settled: str) -> str | None:
+        """A fenced write matched nothing. The row's status if it was in fact our own earlier
+        commit, else None."""
         now, _ = self._with_retry(f"reading task {task.id}", lambda c: claims.read_fence(c, task.id))
-        return self._judge(task, now, action, retried, settled)
+        return now.status if now is not None and self._judge(task, now, action, retried, settled) else None
 
     def _explain_misses(
         self, tasks: Sequence[TaskPayload], settled: Mapping[str, str], retried: bool, *, quiet: bool = False
-    ) -> set[str]:
-        """_explain_miss for the misses of a batch, read in one statement; returns the ids that
-        were our own earlier commit. quiet: a miss is expected (a crash record), do not warn."""
+    ) -> dict[str, str]:
+        """_explain_miss for the misses of a batch, read in one statement; returns the status of
+        each that was our own earlier commit. quiet: a miss is expected (a crash record), do not warn."""
         fences, _ = self._with_retry(
             f"reading {len(tasks)} task(s)", lambda c: claims.read_fences(c, [t.id for t in tasks])
         )
-        ours = set()
+        ours = {}
         for task in tasks:
             expected = settled[task.id]
             action = "start" if expected == "RUNNING" else "record its outcome"
-            if self._judge(task, fences.get(task.id), action, retried, expected, quiet=quiet):
-                ours.add(task.id)
+            now = fences.get(task.id)
+            if now is not None and self._judge(task, now, action, retried, expected, quiet=quiet):
+                ours[task.id] = now.status
         return ours
 
     def _judge(
@@ -347,7 +366,8 @@ class Recorder:
             retried
             and now is not None
             and now.attempt == task.attempt
-            and now.status == settled
+            # A failure of a task whose cancel was requested settles as CANCELLED.
+            and (now.status == settled or (now.status == "CANCELLED" and settled in ("FAILED", "PENDING")))
             and now.owner in (self.worker_id, None)
             # An outcome is ours only if this process wrote its attempt row (a reaper
             # that recorded the same status leaves pid NULL); a start has no such row.

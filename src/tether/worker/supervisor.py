@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -91,6 +92,10 @@ class Supervisor:
         # One monotonic timestamp per slot, written by the child's heartbeat thread.
         # CLOCK_MONOTONIC is shared by all processes of the machine.
         self.stamps = _CTX.Array("d", lanes.processes, lock=False)
+        # The cancel board: per slot, the 16 bytes of the id of the task whose cancel was
+        # requested. A sync child's task code reads its slot (RunningTask.cancel_requested)
+        # without a message: the child's one thread is busy running that code.
+        self.cancels = _CTX.Array("B", protocol.CANCEL_ID_BYTES * lanes.processes, lock=False)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -120,6 +125,8 @@ class Supervisor:
             args += (self.lanes.async_concurrency,)
         else:
             target = child_main
+            args += (self.cancels,)
+            self.post_cancel(index, None)  # a replacement child starts with a clean slot
         process = _CTX.Process(target=target, args=args, name=f"tether-{kind}-child-{index}", daemon=True)
         self.stamps[index] = time.monotonic()  # a new child is fresh until it proves otherwise
         process.start()
@@ -174,6 +181,21 @@ class Supervisor:
             # A child that is gone: its exit is seen and its tasks are recorded.
             log.warning("could not write to child %d (pid %s): %s", slot.index, slot.pid, exc)
             return False
+
+    def post_cancel(self, index: int, task_id: str | None) -> None:
+        """Write the task whose cancel was requested on sync slot ``index``'s cancel board (None: clear)."""
+        size = protocol.CANCEL_ID_BYTES
+        self.cancels[index * size : (index + 1) * size] = (
+            uuid.UUID(task_id).bytes if task_id is not None else bytes(size)
+        )
+
+    def tell_cancel(self, slot: ChildSlot, task_id: str) -> None:
+        """Tell a child that the cancel of ``task_id`` was requested: a sync child through its
+        cancel board, an async child with a CANCEL message (it cancels the coroutine)."""
+        if slot.kind == "async":
+            self.send(slot, protocol.CANCEL, id=task_id)
+        else:
+            self.post_cancel(slot.index, task_id)
 
     def stamp_age(self, slot: ChildSlot) -> float:
         """Seconds since the child's heartbeat thread last stamped its slot."""

@@ -24,6 +24,10 @@ WITH scanned AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) c
+    -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
+    -- from: read here, in every claim, so a pause holds from its commit on for every
+    -- worker, notified or not. The anti-join drops the queue before its scan runs.
+    WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 ), picked AS (
@@ -54,26 +58,24 @@ WHERE id = %(id)s AND status = 'CLAIMED' AND attempt = %(attempt)s
   AND claimed_by_worker_id = %(worker_id)s
 RETURNING id;
 
--- name: finish_task
--- RUNNING -> COMPLETED or FAILED, with the attempt's row, in one statement.
--- A child that already holds its next task starts it in the same statement
--- (next_id NULL: nothing to start): one round trip and one commit per task,
--- without a transaction block. One row always: recorded (this write matched),
--- next_started.
+-- name: complete_task
+-- RUNNING -> COMPLETED, with the attempt's row, in one statement: a sync child's
+-- hot path. A completion wins over a cancel request that came too late: the code
+-- finished its work, and the row says so. Every other outcome goes through
+-- write_batch, which applies the cancel rule. A child that already holds its next
+-- task starts it in the same statement (next_id NULL: nothing to start): one round
+-- trip and one commit per task, without a transaction block. One row always:
+-- recorded (this write matched), next_started.
 WITH done AS (
     UPDATE tether_tasks
-    SET status = %(status)s, result = %(result)s::jsonb, error_code = %(error_code)s,
-        completed_at = CASE WHEN %(status)s = 'COMPLETED' THEN now() END,
-        failed_at = CASE WHEN %(status)s = 'FAILED' THEN now() END,
-        next_retry_at = NULL, updated_at = now()
+    SET status = 'COMPLETED', result = %(result)s::jsonb, error_code = NULL,
+        completed_at = now(), next_retry_at = NULL, updated_at = now()
     WHERE id = %(id)s AND status = %(expect)s AND attempt = %(attempt)s
       AND claimed_by_worker_id = %(worker_id)s
     RETURNING id, attempt, started_at, notify_on_done
 ), history AS (
-    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
-                                      outcome, error_code, error_message)
-    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, %(status)s,
-           %(error_code)s, %(error_message)s
+    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at, outcome)
+    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, 'COMPLETED'
     FROM done
 ), next_start AS (
     UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()
@@ -84,37 +86,6 @@ WITH done AS (
     SELECT pg_notify('tether_done', id::text) FROM done WHERE notify_on_done
 )
 SELECT EXISTS (SELECT 1 FROM done) AS recorded, EXISTS (SELECT 1 FROM next_start) AS next_started,
-       (SELECT count(*) FROM told) AS notified;
-
--- name: retry_task
--- A retryable failure with retries left: back to PENDING after the delay (and
--- the next task started, as in finish_task). The self-join reads started_at as
--- it was before this UPDATE clears it.
-WITH again AS (
-    UPDATE tether_tasks t
-    SET status = 'PENDING', retry_count = t.retry_count + 1, result = %(result)s::jsonb,
-        error_code = %(error_code)s, next_retry_at = now() + %(delay)s::interval,
-        run_at = now() + %(delay)s::interval, enqueued_at = now() + %(delay)s::interval,
-        claimed_at = NULL, started_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
-    FROM tether_tasks before
-    WHERE t.id = %(id)s AND before.id = t.id AND t.status = %(expect)s
-      AND t.attempt = %(attempt)s AND t.claimed_by_worker_id = %(worker_id)s
-    RETURNING t.id, t.attempt, t.queue, t.run_at, before.started_at
-), history AS (
-    INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
-                                      outcome, will_retry, error_code, error_message)
-    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, 'FAILED', true,
-           %(error_code)s, %(error_message)s
-    FROM again
-), next_start AS (
-    UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()
-    WHERE id = %(next_id)s::uuid AND status = 'CLAIMED' AND attempt = %(next_attempt)s::int
-      AND claimed_by_worker_id = %(worker_id)s
-    RETURNING id
-), told AS (
-    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM again
-)
-SELECT EXISTS (SELECT 1 FROM again) AS recorded, EXISTS (SELECT 1 FROM next_start) AS next_started,
        (SELECT count(*) FROM told) AS notified;
 
 -- name: release_claimed
@@ -159,42 +130,74 @@ WHERE t.id = %(id)s;
 -- name: write_batch
 -- Many outcomes and many starts in ONE statement and one commit: the async
 -- executor writes everything that became ready during one turn of its event
--- loop this way, and the worker's main process records all the tasks of a dead
--- child this way. Each row keeps its own fence (expected status, attempt and
--- owner): a row that lost its claim matches nothing and the others are written
--- all the same. An outcome with a delay is a retry (back to PENDING after it),
--- as in retry_task; one without is final, as in finish_task. Returns the ids
--- that matched: recorded outcomes and started tasks.
+-- loop this way, the worker's main process records all the tasks of a dead
+-- child this way, and every outcome other than a completion goes through here.
+-- Each row keeps its own fence (expected status, attempt and owner): a row that
+-- lost its claim matches nothing and the others are written all the same. An
+-- outcome with a delay is a retry (back to PENDING after it); one without is final.
+--
+-- The cancel rule (docs/tasks.md#cancelling-a-running-task): an outcome other than
+-- COMPLETED settles as CANCELLED, never retried, when the outcome is a cancellation
+-- or when a cancel of the task was requested (cancel_requested_at). The request is
+-- read from the row being written (t.*, re-read after any concurrent update), never
+-- from the statement's snapshot: a cancel committed while this write waited for the
+-- row lock must still turn a retry into CANCELLED. The message says "while running"
+-- and who asked; data keeps the error the attempt ended with.
 WITH given AS (
     SELECT g.*, g.delay_s IS NOT NULL AS again
     FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(expects)s::text[], %(statuses)s::text[],
-                %(results)s::text[], %(error_codes)s::text[], %(error_messages)s::text[],
-                %(delays)s::float8[])
-         AS g (id, attempt, expect, status, result, error_code, error_message, delay_s)
+                %(results)s::text[], %(error_codes)s::text[], %(delays)s::float8[])
+         AS g (id, attempt, expect, status, result, error_code, delay_s)
 ), done AS (
     UPDATE tether_tasks t
-    SET status = CASE WHEN g.again THEN 'PENDING' ELSE g.status END,
-        result = g.result::jsonb, error_code = g.error_code,
-        completed_at = CASE WHEN NOT g.again AND g.status = 'COMPLETED' THEN now() END,
-        failed_at = CASE WHEN NOT g.again AND g.status = 'FAILED' THEN now() END,
-        retry_count = t.retry_count + g.again::int,
-        next_retry_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s) END,
-        run_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s) ELSE t.run_at END,
-        enqueued_at = CASE WHEN g.again THEN now() + make_interval(secs => g.delay_s)
-                           ELSE t.enqueued_at END,
-        claimed_at = CASE WHEN g.again THEN NULL ELSE t.claimed_at END,
-        started_at = CASE WHEN g.again THEN NULL ELSE t.started_at END,
-        claimed_by_worker_id = CASE WHEN g.again THEN NULL ELSE t.claimed_by_worker_id END,
+    SET status = CASE
+            WHEN g.status <> 'COMPLETED' AND (g.status = 'CANCELLED' OR t.cancel_requested_at IS NOT NULL)
+                THEN 'CANCELLED'
+            WHEN g.again THEN 'PENDING'
+            ELSE g.status END,
+        result = CASE
+            WHEN g.status <> 'COMPLETED' AND (g.status = 'CANCELLED' OR t.cancel_requested_at IS NOT NULL)
+                THEN jsonb_build_object('err', jsonb_build_object(
+                    'code', 'TASK_CANCELLED',
+                    'message', CASE WHEN g.status = 'CANCELLED' THEN g.result::jsonb -> 'err' ->> 'message'
+                                    ELSE 'cancelled while running' END
+                               || coalesce(' (requested by ' || t.cancel_requested_by || ')', ''),
+                    'data', CASE WHEN g.status = 'CANCELLED' THEN g.result::jsonb -> 'err' -> 'data'
+                                 ELSE jsonb_build_object('error', g.result::jsonb -> 'err') END))
+            ELSE g.result::jsonb END,
+        error_code = CASE
+            WHEN g.status <> 'COMPLETED' AND (g.status = 'CANCELLED' OR t.cancel_requested_at IS NOT NULL)
+                THEN 'TASK_CANCELLED'
+            ELSE g.error_code END,
+        completed_at = CASE WHEN g.status = 'COMPLETED' THEN now() END,
+        failed_at = CASE WHEN g.status = 'FAILED' AND NOT g.again AND t.cancel_requested_at IS NULL
+                         THEN now() END,
+        cancelled_at = CASE
+            WHEN g.status <> 'COMPLETED' AND (g.status = 'CANCELLED' OR t.cancel_requested_at IS NOT NULL)
+                THEN now() END,
+        retry_count = t.retry_count + (g.again AND t.cancel_requested_at IS NULL)::int,
+        next_retry_at = CASE WHEN g.again AND t.cancel_requested_at IS NULL
+                             THEN now() + make_interval(secs => g.delay_s) END,
+        run_at = CASE WHEN g.again AND t.cancel_requested_at IS NULL
+                      THEN now() + make_interval(secs => g.delay_s) ELSE t.run_at END,
+        enqueued_at = CASE WHEN g.again AND t.cancel_requested_at IS NULL
+                           THEN now() + make_interval(secs => g.delay_s) ELSE t.enqueued_at END,
+        claimed_at = CASE WHEN g.again AND t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
+        started_at = CASE WHEN g.again AND t.cancel_requested_at IS NULL THEN NULL ELSE t.started_at END,
+        claimed_by_worker_id = CASE WHEN g.again AND t.cancel_requested_at IS NULL
+                                    THEN NULL ELSE t.claimed_by_worker_id END,
         updated_at = now()
     FROM given g, tether_tasks before
     WHERE t.id = g.id AND before.id = t.id AND t.status = g.expect AND t.attempt = g.attempt
       AND t.claimed_by_worker_id = %(worker_id)s
+    -- t.* here is the row as written; before.started_at the start this attempt had.
     RETURNING t.id, t.attempt, t.queue, t.run_at, t.notify_on_done, before.started_at,
-              g.status, g.again, g.error_code, g.error_message
+              t.status AS settled, t.error_code, t.result -> 'err' ->> 'message' AS error_message
 ), history AS (
     INSERT INTO tether_task_attempts (task_id, attempt, worker_id, hostname, pid, started_at,
                                       outcome, will_retry, error_code, error_message)
-    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at, status, again,
+    SELECT id, attempt, %(worker_id)s, %(hostname)s, %(pid)s, started_at,
+           CASE WHEN settled = 'PENDING' THEN 'FAILED' ELSE settled END, settled = 'PENDING',
            error_code, error_message
     FROM done
 ), started AS (
@@ -204,12 +207,13 @@ WITH given AS (
       AND t.claimed_by_worker_id = %(worker_id)s
     RETURNING t.id
 ), told_done AS (
-    SELECT pg_notify('tether_done', id::text) FROM done WHERE notify_on_done AND NOT again
+    SELECT pg_notify('tether_done', id::text) FROM done WHERE notify_on_done AND settled <> 'PENDING'
 ), told_work AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
-    FROM done WHERE again GROUP BY queue
+    FROM done WHERE settled = 'PENDING' GROUP BY queue
 )
-SELECT coalesce((SELECT array_agg(id::text) FROM done), '{}') AS recorded,
+SELECT coalesce((SELECT array_agg(id::text ORDER BY id) FROM done), '{}') AS recorded,
+       coalesce((SELECT array_agg(settled ORDER BY id) FROM done), '{}') AS settled,
        coalesce((SELECT array_agg(id::text) FROM started), '{}') AS started,
        (SELECT count(*) FROM told_done) + (SELECT count(*) FROM told_work) AS notified;
 

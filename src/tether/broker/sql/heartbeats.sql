@@ -2,7 +2,9 @@
 -- however many tasks it holds: its registry row, a 'claimer' row per CLAIMED
 -- task, a 'runner' row per RUNNING task whose child stamped its slot in time,
 -- and (every few beats) a snapshot. Rows are only written for tasks this
--- worker still owns in the expected state; the others come back as 'lost'.
+-- worker still owns in the expected state; the others come back as 'lost'. The
+-- RUNNING ones whose cancel was requested come back too: the fallback for a
+-- tether_control notification the worker's listener missed (while reconnecting).
 
 -- name: write_heartbeats
 WITH me AS (
@@ -14,7 +16,7 @@ WITH me AS (
     SELECT u.task_id, u.role, u.pid
     FROM unnest(%(task_ids)s::uuid[], %(roles)s::text[], %(pids)s::int[]) AS u (task_id, role, pid)
 ), owned AS (
-    SELECT sent.*, t.status FROM sent
+    SELECT sent.*, t.status, t.cancel_requested_at IS NOT NULL AS cancel_requested FROM sent
     LEFT JOIN tether_tasks t ON t.id = sent.task_id AND t.claimed_by_worker_id = %(worker_id)s
         AND t.status IN ('CLAIMED', 'RUNNING')
 ), beats AS (
@@ -31,7 +33,9 @@ WITH me AS (
 SELECT (SELECT count(*) FROM me) AS registered,
        (SELECT count(*) FROM beats) AS beats,
        (SELECT count(*) FROM snapshot) AS snapshots,
-       coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status IS NULL), '{}') AS lost;
+       coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status IS NULL), '{}') AS lost,
+       coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status = 'RUNNING' AND cancel_requested),
+                '{}') AS cancel_requested;
 
 -- name: report_progress
 -- From inside a task: stored on the row, and it counts as a runner heartbeat.

@@ -167,8 +167,11 @@ DELETE FROM tether_workers WHERE id IN (
 -- name: prune_terminal_tasks
 -- Attempts go with their task (ON DELETE CASCADE). Workflow steps' tasks go
 -- with their workflow (prune_workflows), never while it may still need them.
+-- The status again on the row itself: a task retried by hand after this statement's
+-- snapshot is re-checked once its lock is granted, and kept.
 DELETE FROM tether_tasks WHERE id IN (
     SELECT id FROM tether_tasks
     WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
       AND updated_at < now() - %(age)s::interval AND workflow_id IS NULL
-    LIMIT %(limit)s);
+    LIMIT %(limit)s)
+  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED');

@@ -66,7 +66,7 @@ SELECT id, name, queue, priority, status, args, kwargs, result, error_code, atte
        retry_count, max_retries, retry_policy, good_until, unique_key, run_at, sent_at, enqueued_at,
        claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
        next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at,
-       schedule_name, schedule_slot
+       schedule_name, schedule_slot, cancel_requested_at, cancel_requested_by
 FROM tether_tasks WHERE id = %(id)s;
 
 -- name: get_status
@@ -85,17 +85,36 @@ SELECT attempt, worker_id, hostname, pid, started_at, finished_at, outcome, will
 FROM tether_task_attempts WHERE task_id = %(id)s ORDER BY attempt;
 
 -- name: cancel_task
--- Only before any code ran: PENDING, or CLAIMED (the worker's start then matches nothing).
+-- PENDING or CLAIMED: CANCELLED at once, no code ran (a worker's start then matches
+-- nothing). RUNNING: the request is recorded on the row (the first request's time and
+-- asker are kept) and the worker holding the task is told on tether_control; the row
+-- settles when the code stops (claims.sql write_batch, docs/tasks.md#cancelling-a-
+-- running-task). One UPDATE whose CASEs read the row as it is when its lock is
+-- granted: a task that started or ended meanwhile is judged by its new status.
 WITH c AS (
-    UPDATE tether_tasks
-    SET status = 'CANCELLED', cancelled_at = now(), updated_at = now(),
-        error_code = 'TASK_CANCELLED',
-        result = jsonb_build_object('err', jsonb_build_object(
-            'code', 'TASK_CANCELLED', 'message', 'cancelled before it ran', 'data', NULL))
-    WHERE id = %(id)s AND status IN ('PENDING', 'CLAIMED')
-    RETURNING id, workflow_id, notify_on_done
+    UPDATE tether_tasks t
+    SET status = CASE WHEN t.status = 'RUNNING' THEN t.status ELSE 'CANCELLED' END,
+        cancelled_at = CASE WHEN t.status = 'RUNNING' THEN t.cancelled_at ELSE now() END,
+        error_code = CASE WHEN t.status = 'RUNNING' THEN t.error_code ELSE 'TASK_CANCELLED' END,
+        result = CASE WHEN t.status = 'RUNNING' THEN t.result
+                      ELSE jsonb_build_object('err', jsonb_build_object(
+                          'code', 'TASK_CANCELLED',
+                          'message', 'cancelled before it ran' || coalesce(' (by ' || %(by)s || ')', ''),
+                          'data', NULL)) END,
+        cancel_requested_at = coalesce(t.cancel_requested_at, now()),
+        cancel_requested_by = CASE WHEN t.cancel_requested_at IS NULL THEN %(by)s
+                                   ELSE t.cancel_requested_by END,
+        updated_at = now()
+    WHERE t.id = %(id)s AND t.status IN ('PENDING', 'CLAIMED', 'RUNNING')
+    RETURNING t.id, t.status, t.workflow_id, t.notify_on_done, t.claimed_by_worker_id,
+              t.cancel_requested_at, t.cancel_requested_by
 )
-SELECT id, workflow_id, CASE WHEN notify_on_done THEN pg_notify('tether_done', id::text) END FROM c;
+SELECT id, status, workflow_id, claimed_by_worker_id, cancel_requested_at, cancel_requested_by,
+       CASE WHEN status = 'CANCELLED' AND notify_on_done THEN pg_notify('tether_done', id::text)
+            WHEN status = 'RUNNING'
+                THEN pg_notify('tether_control', 'cancel ' || claimed_by_worker_id || ' ' || id::text)
+       END AS told
+FROM c;
 
 -- name: list_tasks
 SELECT id, name, queue, priority, status, attempt, retry_count, error_code, sent_at,

@@ -316,7 +316,10 @@ WITH old AS (
         SELECT s.task_id FROM tether_workflow_tasks s WHERE s.workflow_id IN (SELECT id FROM old))
       AND status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
 )
-DELETE FROM tether_workflows WHERE id IN (SELECT id FROM old);
+-- The status again on the row itself: a workflow reopened by a retry (docs/workflows.md)
+-- after this statement's snapshot is re-checked once its lock is granted, and kept.
+DELETE FROM tether_workflows WHERE id IN (SELECT id FROM old)
+  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED');
 
 -- name: watch_workflow
 -- A result waiter asks to be notified; the row lock orders this against the

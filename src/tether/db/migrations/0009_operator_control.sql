@@ -18,3 +18,9 @@ CREATE TABLE tether_paused_queues (
     paused_at timestamptz NOT NULL DEFAULT now(),
     paused_by text
 );
+
+-- An attempt can now end CANCELLED: its code stopped on a cancel request, or was
+-- killed for ignoring one, or its worker died while the request was pending.
+ALTER TABLE tether_task_attempts DROP CONSTRAINT tether_task_attempts_outcome_check;
+ALTER TABLE tether_task_attempts
+    ADD CONSTRAINT tether_task_attempts_outcome_check CHECK (outcome IN ('COMPLETED', 'FAILED', 'CANCELLED'));

@@ -1,0 +1,146 @@
+"""``tether queues``: every queue with its counts and pause; ``tether queue pause|resume NAME``."""
+
+from __future__ import annotations
+
+import click
+from rich.text import Text
+
+from tether.broker import PostgresBroker
+from tether.broker import queues as queue_rows
+from tether.cli import common
+from tether.errors import InvalidOptionError
+from tether.queue_control import QueueInfo, check_queue_name, list_queues, pause_queue, resume_queue
+from tether.result import TaskStatus
+
+
+@click.command()
+@common.db_option
+@common.json_option
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    help="module:app whose declared queues are listed too, even those with no task yet.",
+)
+def queues(database_url: str | None, as_json: bool, app_path: str | None) -> None:
+    """Every queue: tasks per status, how long the oldest due task has waited, and its pause."""
+    also = common.load_config(database_url, app_path).queues if app_path else []
+    rows = list_queues(common.open_broker(database_url, app_path), also=also)
+    if as_json:
+        common.emit_json(rows)
+        return
+    statuses = [s.value for s in TaskStatus]
+    common.console.print(
+        common.table(
+            "Queues",
+            ["queue", "state", *statuses, "oldest due"],
+            [
+                [
+                    r.queue,
+                    _state(r),
+                    *(r.counts[s] for s in statuses),
+                    _age(r.oldest_pending_age_s),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    # Since when and by whom under the table, one line each: the table stays narrow.
+    for r in rows:
+        if r.paused:
+            common.console.print(
+                f"queue {r.queue} paused since {common.ts(r.paused_at)} by {r.paused_by or '(not given)'}",
+                markup=False,
+                highlight=False,
+            )
+
+
+def _state(row: QueueInfo) -> Text:
+    return Text("paused", style="yellow") if row.paused else Text("active", style="green")
+
+
+def _age(seconds: float | None) -> str:
+    """A waiting time as people read it: 4.2s, 3m 07s, 2h 05m, 3d 04h."""
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86_400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86_400}d {whole % 86_400 // 3600:02d}h"
+
+
+@click.group()
+def queue() -> None:
+    """Pause or resume one queue (docs/queues.md)."""
+
+
+by_option = click.option(
+    "--by",
+    default=None,
+    help="Who asks: stored with the pause and logged (default: cli:<user>@<host>).",
+)
+
+
+def _checked(name: str) -> str:
+    try:
+        return check_queue_name(name)
+    except InvalidOptionError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+
+
+def _warn_if_unknown(broker: PostgresBroker, name: str) -> None:
+    if not broker.run(lambda conn: queue_rows.queue_known(conn, name)):
+        click.echo(
+            f"warning: no task of queue {name} is known (none in the database, no worker serves "
+            "it and no schedule sends to it): is the name right?",
+            err=True,
+        )
+
+
+def _since(held: queue_rows.Pause | None, lead: str = "") -> str:
+    if held is None:
+        return ""
+    return f" ({lead}since {common.ts(held.paused_at)}, by {held.paused_by or '(not given)'})"
+
+
+@queue.command()
+@click.argument("name")
+@by_option
+@common.db_option
+def pause(name: str, by: str | None, database_url: str | None) -> None:
+    """Stop workers claiming from queue NAME until it is resumed.
+
+    Running tasks go on; claimed tasks that no child has been handed yet go back to
+    PENDING; sends to NAME are still accepted and wait.
+    """
+    name = _checked(name)
+    broker = common.open_broker(database_url)
+    if pause_queue(broker, name, by=by or common.who_asks()):
+        click.echo(
+            f"queue {name} paused; workers stop claiming from it within 1 s; running tasks go on; "
+            "sends are still accepted"
+        )
+    else:
+        held = broker.run(lambda conn: queue_rows.get_pause(conn, name))
+        click.echo(f"queue {name} was already paused{_since(held)}; nothing changed")
+    _warn_if_unknown(broker, name)
+
+
+@queue.command()
+@click.argument("name")
+@by_option
+@common.db_option
+def resume(name: str, by: str | None, database_url: str | None) -> None:
+    """Let workers claim from queue NAME again; they do at once."""
+    name = _checked(name)
+    broker = common.open_broker(database_url)
+    held = broker.run(lambda conn: queue_rows.get_pause(conn, name))
+    if resume_queue(broker, name, by=by or common.who_asks()):
+        click.echo(f"queue {name} resumed{_since(held, 'it was paused ')}; workers claim from it at once")
+    else:
+        click.echo(f"queue {name} was not paused; nothing changed")
+        _warn_if_unknown(broker, name)

@@ -1,0 +1,120 @@
+"""Pausing and resuming whole queues, and the overview of every queue (docs/queues.md).
+
+A paused queue is one row in tether_paused_queues. While it is there, no worker claims
+from the queue (every claim reads the table), and workers told of the pause give back
+the tasks of the queue they claimed but had not handed to a child yet; tasks already
+running go on, and sends to the queue are still accepted. Resuming deletes the row and
+wakes the workers of the queue, which claim at once.
+
+These functions take any queue name that is well formed: the CLI, which has no app,
+pauses by name. ``Tether.pause_queue`` and friends also refuse a queue the app does not
+declare.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tether.broker import PostgresBroker, queues
+from tether.config import QUEUE_NAME_RE
+from tether.errors import InvalidOptionError
+from tether.result import TaskStatus
+
+log = logging.getLogger("tether.queue_control")
+
+#: The longest ``by`` stored with a pause.
+MAX_BY_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """One queue as ``tether queues`` shows it.
+
+    counts: tasks per status, every status present (0 when none). oldest_pending_age_s:
+    how long the oldest PENDING task that is due has waited since it became due, in
+    database time (None: none is due). paused_at / paused_by: since when and by whom the
+    queue is paused (None when it is not, or when nobody was named).
+    """
+
+    queue: str
+    counts: dict[str, int]
+    oldest_pending_age_s: float | None
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+
+
+def pause_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -> bool:
+    """Stop workers claiming from ``queue``; True if this call paused it, False if it was paused
+    already (its pause is left as it was). ``by``: who asks, stored and logged."""
+    check_queue_name(queue)
+    _check_by(by)
+    pause = broker.run(lambda conn: queues.pause_queue(conn, queue, by))
+    if pause is None:
+        log.info("queue %s was already paused; pause asked by %s", queue, by or "(not given)")
+        return False
+    log.info("queue %s paused by %s", queue, by or "(not given)")
+    return True
+
+
+def resume_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -> bool:
+    """Let workers claim from ``queue`` again (they do at once); True if this call resumed it,
+    False if it was not paused. ``by``: who asks, logged."""
+    check_queue_name(queue)
+    _check_by(by)
+    pause = broker.run(lambda conn: queues.resume_queue(conn, queue))
+    if pause is None:
+        log.info("queue %s was not paused; resume asked by %s", queue, by or "(not given)")
+        return False
+    log.info(
+        "queue %s resumed by %s (paused since %s by %s)",
+        queue,
+        by or "(not given)",
+        pause.paused_at.isoformat(),
+        pause.paused_by or "(not given)",
+    )
+    return True
+
+
+def list_queues(broker: PostgresBroker, *, also: Sequence[str] = ()) -> list[QueueInfo]:
+    """Every queue that has tasks, every paused queue and every name in ``also`` (an app's
+    declared queues, say), ordered by name."""
+    if isinstance(also, str):
+        raise InvalidOptionError(f"also must be a sequence of queue names, not the string {also!r}")
+    for name in also:
+        check_queue_name(name, what="also")
+    rows = broker.run(lambda conn: queues.queue_overview(conn, list(also)))
+    return [
+        QueueInfo(
+            queue=row.queue,
+            counts={status.value: row.counts.get(status.value, 0) for status in TaskStatus},
+            oldest_pending_age_s=row.oldest_pending_age_s,
+            paused=row.paused,
+            paused_at=row.paused_at,
+            paused_by=row.paused_by,
+        )
+        for row in rows
+    ]
+
+
+def check_queue_name(queue: Any, *, what: str = "queue") -> str:
+    """``queue`` if it is a well-formed queue name (as AppConfig.queues requires), else an
+    InvalidOptionError naming ``what``."""
+    if not isinstance(queue, str):
+        raise InvalidOptionError(f"{what} must be a queue name (str), got {type(queue).__name__}")
+    if not QUEUE_NAME_RE.fullmatch(queue):  # fullmatch: `$` alone lets a final newline through
+        raise InvalidOptionError(
+            f"{what}: {queue!r} is not a valid queue name; a name is 1-64 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return queue
+
+
+def _check_by(by: Any) -> None:
+    if by is not None and (not isinstance(by, str) or len(by) > MAX_BY_LENGTH):
+        raise InvalidOptionError(
+            f"by must be None or a str of at most {MAX_BY_LENGTH} characters, got {by!r}"
+        )
