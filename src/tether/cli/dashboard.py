@@ -1,4 +1,4 @@
-"""``tether dashboard``: serve the read-only web page until Ctrl-C or SIGTERM."""
+"""``tether dashboard``: serve the web page until Ctrl-C or SIGTERM (docs/dashboard.md)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,63 @@ from tether.cli import common
 @click.option(
     "--port", type=click.IntRange(0, 65_535), default=8080, show_default=True, help="0: any free port."
 )
-def dashboard(database_url: str | None, app_path: str | None, host: str, port: int) -> None:
-    """A read-only web page of queues, workers, stale tasks and recent failures."""
+@click.option(
+    "--token",
+    envvar="TETHER_DASHBOARD_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Enables the actions (cancel, retry, pause, resume) for whoever sends it. Prefer the "
+    "environment variable or --token-file: a command line is visible to every user of the machine.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Read the token from the first line of this file.",
+)
+def dashboard(
+    database_url: str | None,
+    app_path: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    token_file: str | None,
+) -> None:
+    """A web page of tasks, workflows, queues and workers; with a token, it can act on them."""
+    from tether.web.auth import READ_ONLY_NOTE, TokenError, is_loopback, read_token
     from tether.web.dashboard import DashboardServer
 
+    try:
+        secret = read_token(token, token_file)
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from None
+    if secret is None and not is_loopback(host):
+        raise click.ClickException(
+            f"refusing to listen on {host!r} without a token: anyone who can reach the port could read "
+            "every task's arguments and errors. Set TETHER_DASHBOARD_TOKEN (or --token-file), or "
+            "listen on 127.0.0.1 and reach it through an SSH tunnel"
+        )
     config = common.load_config(database_url, app_path)
     broker = common.open_broker(database_url, app_path)
     _ = broker.url  # connects and checks the schema now: an unreachable database fails here, named
     try:
-        server = DashboardServer((host, port), broker, config.recovery)
+        server = DashboardServer(
+            (host, port),
+            broker,
+            config.recovery,
+            token=secret,
+            private_reads=not is_loopback(host),  # beyond loopback, the token guards reads too
+            queues=config.queues,
+        )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)", err=False)
+    click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)")
+    if secret is None:
+        click.echo(READ_ONLY_NOTE)
+    elif server.access.private_reads:
+        click.echo("actions enabled; beyond loopback, reading needs the token too: the page asks for it once")
+    else:
+        click.echo("actions enabled: the page asks for the token once")
     sys.stdout.flush()
 
     def stop(signum: int, frame: object) -> None:

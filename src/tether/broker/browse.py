@@ -1,0 +1,179 @@
+"""The dashboard's reads (browse.sql): pages of tasks and workflows by keyset, one task with
+its workflow and cancel request, the tasks workers hold now.
+
+Every statement runs unprepared (``prepare=False``): psycopg prepares a statement after a
+few runs on a connection, and PostgreSQL may then plan it once for any parameter values,
+where an absent filter no longer folds away and a status no longer picks its partial
+index. Planned each time with its values, a page is one backward range scan of the
+primary key from the cursor (or a few rows of a partial index), at any depth.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tether.broker.queries import q
+from tether.broker.types import Conn
+
+#: The cursor of a first page: every id is below it.
+TOP = uuid.UUID(int=(1 << 128) - 1)
+
+
+def id_floor(at: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 made at or after ``at`` (an aware datetime): ids made before it
+    are below it, ids made at or after it are not."""
+    ms = int(at.timestamp() * 1000)
+    return uuid.UUID(int=max(0, min(ms, (1 << 48) - 1)) << 80)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """What a task list shows: every field optional. ``since``/``until`` bound the time the
+    task was made (its id's UUIDv7 time), ``until`` excluded."""
+
+    statuses: Sequence[str] = ()
+    queue: str | None = None
+    name: str | None = None
+    error_code: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskListRow:
+    id: uuid.UUID
+    name: str
+    queue: str
+    priority: int
+    status: str
+    attempt: int
+    retry_count: int
+    max_retries: int
+    error_code: str | None
+    sent_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    claimed_by_worker_id: str | None
+    workflow_id: uuid.UUID | None
+    cancel_requested_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDetail:
+    """A task's row (JSON columns parsed) with its cancel request and its workflow."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    priority: int
+    status: str
+    args: Any
+    kwargs: Any
+    result: Any
+    error_code: str | None
+    attempt: int
+    retry_count: int
+    max_retries: int
+    retry_policy: Any
+    good_until: datetime | None
+    unique_key: str | None
+    run_at: datetime
+    sent_at: datetime
+    enqueued_at: datetime
+    claimed_at: datetime | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancelled_at: datetime | None
+    expired_at: datetime | None
+    next_retry_at: datetime | None
+    updated_at: datetime
+    claimed_by_worker_id: str | None
+    progress: Any
+    progress_at: datetime | None
+    schedule_name: str | None
+    schedule_slot: datetime | None
+    cancel_requested_at: datetime | None
+    cancel_requested_by: str | None
+    workflow_id: uuid.UUID | None
+    workflow_name: str | None
+    workflow_status: str | None
+    step_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowListRow:
+    id: uuid.UUID
+    name: str
+    status: str
+    on_error: str
+    steps_total: int
+    steps_done: int
+    steps_failed: int
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A task a worker holds now."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    status: str
+    attempt: int
+    claimed_at: datetime | None
+    started_at: datetime | None
+    claimed_by_worker_id: str | None
+    progress: Any
+    cancel_requested_at: datetime | None
+
+
+def limit_time(conn: Conn, ms: int) -> None:
+    """In the caller's transaction: stop any statement that runs longer than ``ms``."""
+    conn.execute(q("browse_time_limit"), {"ms": int(ms)})
+
+
+def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int) -> list[TaskListRow]:
+    """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
+    newest), newest first."""
+    upper = before or TOP
+    if where.until is not None:
+        upper = min(upper, id_floor(where.until))
+    params = {
+        "before": upper,
+        "id_from": None if where.since is None else id_floor(where.since),
+        "statuses": list(where.statuses) or None,
+        "queue": where.queue,
+        "name": where.name,
+        "error_code": where.error_code,
+        "limit": limit,
+    }
+    rows = conn.execute(q("browse_tasks"), params, prepare=False).fetchall()
+    return [TaskListRow(**row) for row in rows]
+
+
+def task_detail(conn: Conn, task_id: uuid.UUID) -> TaskDetail | None:
+    row = conn.execute(q("browse_task"), {"id": task_id}, prepare=False).fetchone()
+    return None if row is None else TaskDetail(**row)
+
+
+def browse_workflows(
+    conn: Conn, *, status: str | None, name: str | None, before: uuid.UUID | None, limit: int
+) -> list[WorkflowListRow]:
+    """Up to ``limit`` workflows (exact status and name when given) with an id below
+    ``before``, newest first."""
+    params = {"before": before or TOP, "status": status, "name": name, "limit": limit}
+    rows = conn.execute(q("browse_workflows"), params, prepare=False).fetchall()
+    return [WorkflowListRow(**row) for row in rows]
+
+
+def in_flight(conn: Conn, limit: int) -> list[InFlight]:
+    """Up to ``limit`` CLAIMED and RUNNING tasks, longest held first."""
+    rows = conn.execute(q("browse_in_flight"), {"limit": limit}, prepare=False).fetchall()
+    return [InFlight(**row) for row in rows]

@@ -1,0 +1,228 @@
+"""The dashboard's read endpoints: GET requests that only read, each answering one JSON object.
+
+Query parameters are checked here (a bad one is a 400 that names it); the database work is
+in tether.broker.browse and the other broker modules. Every read runs in a transaction with
+a statement time limit, so a filter that almost nothing matches on a very large table ends
+with a clear 503 instead of holding a connection for minutes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+
+from tether import queue_control
+from tether.broker import PostgresBroker, browse, tasks, workers, workflows
+from tether.broker.types import Conn
+from tether.result import TaskStatus
+from tether.web.jsonout import ApiError
+
+T = TypeVar("T")
+Query = Mapping[str, Sequence[str]]
+
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+HEARTBEATS_SHOWN = 20
+MAX_WORKERS = 200
+MAX_IN_FLIGHT = 2_000
+READ_TIME_LIMIT_MS = 10_000
+WORKFLOW_STATUSES = ("RUNNING", "PAUSED", "COMPLETED", "FAILED", "CANCELLED")
+MESSAGE_CUT = 300
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def read(broker: PostgresBroker, work: Callable[[Conn], T]) -> T:
+    """``work`` in one transaction limited to READ_TIME_LIMIT_MS."""
+
+    def limited(conn: Conn) -> T:
+        try:
+            with conn.transaction():
+                browse.limit_time(conn, READ_TIME_LIMIT_MS)
+                return work(conn)
+        except psycopg.errors.QueryCanceled:
+            raise ApiError(
+                503,
+                f"the query took longer than {READ_TIME_LIMIT_MS // 1000} s and was stopped; "
+                "narrow the filter (a status, a time range)",
+            ) from None
+
+    return broker.run(limited)
+
+
+def tasks_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
+    """``GET /api/tasks``: a page of tasks, newest first, and the cursor of the next page."""
+    where = task_filter(query)
+    before = _uuid(query, "before")
+    limit = _limit(query)
+    rows = read(broker, lambda conn: browse.browse_tasks(conn, where, before=before, limit=limit + 1))
+    return {"tasks": rows[:limit], "next": str(rows[limit - 1].id) if len(rows) > limit else None}
+
+
+def task_filter(query: Query) -> browse.TaskFilter:
+    """The task filter of a query (``status`` may list several, comma-separated)."""
+    statuses: list[str] = []
+    for value in query.get("status", ()):
+        for part in value.split(","):
+            if part.strip():
+                statuses.append(_choice("status", part.strip().upper(), [s.value for s in TaskStatus]))
+    since, until = _time(query, "since"), _time(query, "until")
+    if since is not None and until is not None and since >= until:
+        raise ApiError(400, "since must be before until")
+    return browse.TaskFilter(
+        statuses=tuple(dict.fromkeys(statuses)),
+        queue=_text(query, "queue"),
+        name=_text(query, "name"),
+        error_code=_text(query, "error_code"),
+        since=since,
+        until=until,
+    )
+
+
+def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
+    """``GET /api/tasks/<id>``: the task, every attempt, its latest heartbeats."""
+    tid = _parse_uuid("task id", task_id)
+
+    def work(conn: Conn) -> dict[str, Any]:
+        detail = browse.task_detail(conn, tid)
+        if detail is None:
+            raise ApiError(404, f"no task with id {tid}")
+        return {
+            "task": detail,
+            "attempts": tasks.get_attempts(conn, tid),
+            "heartbeats": tasks.get_heartbeats(conn, tid, HEARTBEATS_SHOWN),
+        }
+
+    return read(broker, work)
+
+
+def workflows_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
+    """``GET /api/workflows``: a page of workflows, newest first."""
+    status = _text(query, "status")
+    if status is not None:
+        status = _choice("status", status.upper(), WORKFLOW_STATUSES)
+    name, before, limit = _text(query, "name"), _uuid(query, "before"), _limit(query)
+    rows = read(
+        broker,
+        lambda conn: browse.browse_workflows(conn, status=status, name=name, before=before, limit=limit + 1),
+    )
+    return {"workflows": rows[:limit], "next": str(rows[limit - 1].id) if len(rows) > limit else None}
+
+
+def workflow_page(broker: PostgresBroker, workflow_id: str) -> dict[str, Any]:
+    """``GET /api/workflows/<id>``: the workflow and its steps (their results cut to the error's
+    message: a workflow may have thousands of steps)."""
+    wid = _parse_uuid("workflow id", workflow_id)
+
+    def work(conn: Conn) -> dict[str, Any]:
+        row = workflows.get_workflow(conn, wid)
+        if row is None:
+            raise ApiError(404, f"no workflow with id {wid}")
+        return {"workflow": row, "steps": [_step(s) for s in workflows.get_workflow_steps(conn, wid)]}
+
+    return read(broker, work)
+
+
+def _step(step: workflows.StepRow) -> dict[str, Any]:
+    err = step.result.get("err") if isinstance(step.result, dict) else None
+    message = err.get("message") if isinstance(err, dict) else None
+    return {
+        "node": step.node,
+        "node_name": step.node_name,
+        "task_id": step.task_id,
+        "task_name": step.task_name,
+        "queue": step.queue,
+        "status": step.status,
+        "depends_on": step.depends_on,
+        "join_mode": step.join_mode,
+        "run_anyway": step.run_anyway,
+        "error_code": step.error_code,
+        "error_message": message[:MESSAGE_CUT] if isinstance(message, str) else None,
+        "enqueued_at": step.enqueued_at,
+        "finished_at": step.finished_at,
+        "task_status": step.task_status,
+        "attempt": step.attempt,
+        "retry_count": step.retry_count,
+    }
+
+
+def queues_page(broker: PostgresBroker, declared: Sequence[str]) -> dict[str, Any]:
+    """``GET /api/queues``: every queue with its counts, oldest due task and pause (the
+    ``declared`` ones, of the app's configuration, even when they have no task)."""
+    return {"queues": queue_control.list_queues(broker, also=declared)}
+
+
+def workers_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
+    """``GET /api/workers``: the workers (``all=1``: stopped and inactive ones too) and the
+    tasks they hold now."""
+    everyone = _text(query, "all") in ("1", "true", "yes")
+
+    def work(conn: Conn) -> dict[str, Any]:
+        return {
+            "workers": workers.list_workers(conn, include_inactive=everyone, limit=MAX_WORKERS),
+            "in_flight": browse.in_flight(conn, MAX_IN_FLIGHT),
+        }
+
+    return read(broker, work)
+
+
+# -- query parameters -----------------------------------------------------------------------------
+
+
+def _text(query: Query, key: str) -> str | None:
+    values = query.get(key)
+    if not values:
+        return None
+    value = values[-1].strip()
+    if len(value) > 200:
+        raise ApiError(400, f"{key} is longer than 200 characters")
+    return value or None
+
+
+def _choice(key: str, value: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ApiError(400, f"{key} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _parse_uuid(what: str, value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ApiError(400, f"{what} {value!r} is not a UUID") from None
+
+
+def _uuid(query: Query, key: str) -> uuid.UUID | None:
+    value = _text(query, key)
+    return None if value is None else _parse_uuid(key, value)
+
+
+def _time(query: Query, key: str) -> datetime | None:
+    value = _text(query, key)
+    if value is None:
+        return None
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ApiError(400, f"{key} {value!r} is not an ISO 8601 time") from None
+    if at.tzinfo is None:
+        raise ApiError(400, f"{key} {value!r} has no time zone (add Z or +HH:MM)")
+    return at
+
+
+def _limit(query: Query) -> int:
+    value = _text(query, "limit")
+    if value is None:
+        return PAGE_SIZE
+    try:
+        limit = int(value)
+    except ValueError:
+        raise ApiError(400, f"limit {value!r} is not a number") from None
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ApiError(400, f"limit must be from 1 to {MAX_PAGE_SIZE}")
+    return limit

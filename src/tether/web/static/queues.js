@@ -1,0 +1,32 @@
+// Queues (#/queues): tasks per status, the oldest due task's wait, pauses; pause and resume.
+import { badge, countLink, el, link, route, seconds, table, time } from "./dom.js";
+import { getJSON } from "./net.js";
+
+export const refreshMs = 2000;
+const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
+
+export async function render(view, ctx) {
+  const { queues } = await getJSON("api/queues");
+  const headers = ["queue", "state", ...STATUSES, "oldest due waits"];
+  if (ctx.canAct) headers.push("");
+  const rows = queues.map(q => {
+    const state = q.paused
+      ? el("span", {}, badge("paused"), " since ", time(q.paused_at), q.paused_by ? " by " + q.paused_by : "")
+      : badge("active");
+    const count = st => q.counts[st] ? countLink(route("tasks", { queue: q.queue, status: st }), q.counts[st]) : 0;
+    const row = [link(route("tasks", { queue: q.queue }), q.queue), state, ...STATUSES.map(count),
+                 seconds(q.oldest_pending_age_s)];
+    if (ctx.canAct) {
+      const name = q.paused ? "resume-queue" : "pause-queue";
+      const button = el("button", { type: "button", "data-queue": q.queue, "data-action": name },
+                        q.paused ? "Resume" : "Pause");
+      button.addEventListener("click", () => { button.disabled = true; ctx.act(name, { queue: q.queue }); });
+      row.push(button);
+    }
+    return row;
+  });
+  view.append(el("h2", { text: "Queues" }),
+              el("p", { class: "muted", text: "A paused queue keeps its tasks and accepts sends; no worker " +
+                                              "claims from it until it is resumed. Running tasks go on." }),
+              table(headers, rows, "no queues", { id: "queues" }));
+}

@@ -1,0 +1,47 @@
+"""The app the dashboard's browser tests run: tasks that finish, fail, crash with a traceback,
+fail once and then work, and run until cancelled."""
+
+from __future__ import annotations
+
+import time
+
+from tether import AppConfig, TaskError, TaskResult, Tether, current_task
+
+app = Tether(AppConfig(queues=["default", "images"]))
+
+
+@app.task("ui.add")
+def add(a: int, b: int) -> TaskResult[int, TaskError]:
+    return TaskResult(ok=a + b)
+
+
+@app.task("ui.fail")
+def fail(code: str, message: str = "it failed") -> TaskResult[None, TaskError]:
+    return TaskResult(err=TaskError(code, message, {"hint": "look at <b>this</b>"}))
+
+
+@app.task("ui.boom")
+def boom(message: str) -> TaskResult[None, TaskError]:
+    raise RuntimeError(message)
+
+
+@app.task("ui.fails_once")
+def fails_once(label: str) -> TaskResult[str, TaskError]:
+    """Fails on its first attempt; any later attempt (a retry by hand) completes."""
+    me = current_task()
+    assert me is not None
+    if me.attempt <= 1:
+        return TaskResult(err=TaskError("NOT_YET", f"{label}: the first attempt always fails"))
+    return TaskResult(ok=f"{label} worked on attempt {me.attempt}")
+
+
+@app.task("ui.until_cancelled")
+def until_cancelled(limit_s: float = 60.0) -> TaskResult[str, TaskError]:
+    """Runs (reporting progress) until its cancel is requested, or ``limit_s`` passes."""
+    me = current_task()
+    assert me is not None
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        me.raise_if_cancelled()
+        time.sleep(0.05)
+    return TaskResult(ok="never cancelled")
