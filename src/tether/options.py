@@ -146,19 +146,7 @@ def check_delay(delay: Any) -> timedelta:
 
 def check_time_limit(task_name: str, value: Any) -> float | None:
     """A task's time limit in seconds (from seconds or a timedelta); the error names the task."""
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not 0 < seconds <= MAX_TIME_LIMIT.total_seconds()
-    ):
-        raise TaskDefinitionError(
-            f"task {task_name!r}: time_limit must be a number of seconds or a timedelta, "
-            f"more than 0 and at most {MAX_TIME_LIMIT.days} days, got {value!r}"
-        )
-    return float(seconds)
+    return _task_seconds(task_name, "time_limit", value, 0.0, MAX_TIME_LIMIT.total_seconds(), zero=False)
 
 
 MAX_CANCEL_GRACE_S = 3_600.0
@@ -166,17 +154,28 @@ MAX_CANCEL_GRACE_S = 3_600.0
 
 def check_cancel_grace(task_name: str, value: Any) -> float | None:
     """A task's cancel grace period in seconds (from seconds or a timedelta); None: the worker's."""
+    return _task_seconds(task_name, "cancel_grace", value, 0.0, MAX_CANCEL_GRACE_S, zero=True)
+
+
+def _task_seconds(
+    task_name: str, option: str, value: Any, low: float, high: float, *, zero: bool
+) -> float | None:
+    """A task option in seconds, given as a number or a timedelta, within [low, high] (low
+    itself allowed only if ``zero``); None stays None."""
     if value is None:
         return None
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
-        or not 0 <= seconds <= MAX_CANCEL_GRACE_S
+        or not low <= seconds <= high
+        or (not zero and seconds == low)
     ):
+        lowest = f"from {low:g}" if zero else f"more than {low:g}"
+        highest = f"{high / 86_400:g} days" if high >= 86_400 else f"{high:g} seconds"
         raise TaskDefinitionError(
-            f"task {task_name!r}: cancel_grace must be a number of seconds or a timedelta, "
-            f"from 0 to {MAX_CANCEL_GRACE_S:g}, got {value!r}"
+            f"task {task_name!r}: {option} must be a number of seconds or a timedelta, "
+            f"{lowest} and at most {highest}, got {value!r}"
         )
     return float(seconds)
 

@@ -17,7 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from tether.broker.queries import q
+from tether.broker.tasks import TaskRow, get_task
 from tether.broker.types import Conn
+from tether.broker.workflows import WorkflowSummary
 
 #: The cursor of a first page: every id is below it.
 TOP = uuid.UUID(int=(1 << 128) - 1)
@@ -64,58 +66,13 @@ class TaskListRow:
 
 @dataclass(frozen=True, slots=True)
 class TaskDetail:
-    """A task's row (JSON columns parsed) with its cancel request and its workflow."""
+    """A task's row (tasks.get_task's) and the workflow it is a step of, if any."""
 
-    id: uuid.UUID
-    name: str
-    queue: str
-    priority: int
-    status: str
-    args: Any
-    kwargs: Any
-    result: Any
-    error_code: str | None
-    attempt: int
-    retry_count: int
-    max_retries: int
-    retry_policy: Any
-    good_until: datetime | None
-    unique_key: str | None
-    run_at: datetime
-    sent_at: datetime
-    enqueued_at: datetime
-    claimed_at: datetime | None
-    started_at: datetime | None
-    completed_at: datetime | None
-    failed_at: datetime | None
-    cancelled_at: datetime | None
-    expired_at: datetime | None
-    next_retry_at: datetime | None
-    updated_at: datetime
-    claimed_by_worker_id: str | None
-    progress: Any
-    progress_at: datetime | None
-    schedule_name: str | None
-    schedule_slot: datetime | None
-    cancel_requested_at: datetime | None
-    cancel_requested_by: str | None
+    row: TaskRow
     workflow_id: uuid.UUID | None
     workflow_name: str | None
     workflow_status: str | None
     step_name: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowListRow:
-    id: uuid.UUID
-    name: str
-    status: str
-    on_error: str
-    steps_total: int
-    steps_done: int
-    steps_failed: int
-    created_at: datetime
-    finished_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,18 +116,23 @@ def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, lim
 
 
 def task_detail(conn: Conn, task_id: uuid.UUID) -> TaskDetail | None:
-    row = conn.execute(q("browse_task"), {"id": task_id}, prepare=False).fetchone()
-    return None if row is None else TaskDetail(**row)
+    row = get_task(conn, task_id)
+    if row is None:
+        return None
+    step = conn.execute(q("task_step"), {"id": task_id}).fetchone()
+    if step is None:
+        return TaskDetail(row, None, None, None, None)
+    return TaskDetail(row, **step)
 
 
 def browse_workflows(
     conn: Conn, *, status: str | None, name: str | None, before: uuid.UUID | None, limit: int
-) -> list[WorkflowListRow]:
+) -> list[WorkflowSummary]:
     """Up to ``limit`` workflows (exact status and name when given) with an id below
     ``before``, newest first."""
     params = {"before": before or TOP, "status": status, "name": name, "limit": limit}
     rows = conn.execute(q("browse_workflows"), params, prepare=False).fetchall()
-    return [WorkflowListRow(**row) for row in rows]
+    return [WorkflowSummary(**row) for row in rows]
 
 
 def in_flight(conn: Conn, limit: int) -> list[InFlight]:

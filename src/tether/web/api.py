@@ -8,6 +8,7 @@ with a clear 503 instead of holding a connection for minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -92,8 +93,11 @@ def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
         detail = browse.task_detail(conn, tid)
         if detail is None:
             raise ApiError(404, f"no task with id {tid}")
+        step = {
+            f: getattr(detail, f) for f in ("workflow_id", "workflow_name", "workflow_status", "step_name")
+        }
         return {
-            "task": detail,
+            "task": {**dataclasses.asdict(detail.row), **step},
             "attempts": tasks.get_attempts(conn, tid),
             "heartbeats": tasks.get_heartbeats(conn, tid, HEARTBEATS_SHOWN),
         }

@@ -31,7 +31,8 @@ class Cancels:
         self.holdings = holdings
         self.supervisor = supervisor
         self.grace_for = grace_for
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        # One grace period per attempt (a task retried by hand later is a new attempt).
+        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
 
     def request(self, task_id: str) -> None:
         """The cancel of ``task_id`` was requested: tell its child and arm the grace period.
@@ -48,7 +49,7 @@ class Cancels:
         task = next((t for t in self.holdings.of_child(slot.index) if t.id == task_id), None)
         if task is None:
             return
-        if task_id in self._timers:
+        if (task_id, task.attempt) in self._timers:
             return  # told already: telling again would cancel a coroutine's clean-up too
         self.supervisor.tell_cancel(slot, task_id)
         grace = self.grace_for(task.name)
@@ -64,10 +65,12 @@ class Cancels:
             grace,
         )
         loop = asyncio.get_running_loop()
-        self._timers[task_id] = loop.call_later(grace, self._grace_over, slot, task_id, task.attempt, grace)
+        self._timers[(task_id, task.attempt)] = loop.call_later(
+            grace, self._grace_over, slot, task_id, task.attempt, grace
+        )
 
     def _grace_over(self, slot: ChildSlot, task_id: str, attempt: int, grace: float) -> None:
-        self._timers.pop(task_id, None)
+        self._timers.pop((task_id, attempt), None)
         held = next((t for t in self.holdings.of_child(slot.index) if t.id == task_id), None)
         if (
             held is None

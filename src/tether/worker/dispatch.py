@@ -137,6 +137,7 @@ class Dispatcher:
         elif op == protocol.DONE:
             self.tasks_done += 1
             self.time_limits.finished(slot)
+            self.supervisor.clear_cancel(slot.index, msg["id"])
             next_started = None if msg["next_id"] is None else not msg["next_lost"]
             running = held.finished(slot.index, msg["id"], next_started)
             if running is not None:

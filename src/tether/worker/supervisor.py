@@ -189,6 +189,14 @@ class Supervisor:
             uuid.UUID(task_id).bytes if task_id is not None else bytes(size)
         )
 
+    def clear_cancel(self, index: int, task_id: str) -> None:
+        """Sync slot ``index``'s task ``task_id`` ended: clear the board if it names that task, so
+        a later run of the same task (retried by hand) on this slot is not taken for cancelled.
+        A request already written for the slot's next task is left alone."""
+        size = protocol.CANCEL_ID_BYTES
+        if bytes(self.cancels[index * size : (index + 1) * size]) == uuid.UUID(task_id).bytes:
+            self.post_cancel(index, None)
+
     def tell_cancel(self, slot: ChildSlot, task_id: str) -> None:
         """Tell a child that the cancel of ``task_id`` was requested: a sync child through its
         cancel board, an async child with a CANCEL message (it cancels the coroutine)."""

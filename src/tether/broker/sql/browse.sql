@@ -34,20 +34,13 @@ WHERE id < %(before)s::uuid
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: browse_task
--- One task for its page: get_task's columns, the cancel request, and the workflow (with
--- the step's name) it is a step of.
-SELECT t.id, t.name, t.queue, t.priority, t.status, t.args, t.kwargs, t.result, t.error_code,
-       t.attempt, t.retry_count, t.max_retries, t.retry_policy, t.good_until, t.unique_key,
-       t.run_at, t.sent_at, t.enqueued_at, t.claimed_at, t.started_at, t.completed_at,
-       t.failed_at, t.cancelled_at, t.expired_at, t.next_retry_at, t.updated_at,
-       t.claimed_by_worker_id, t.progress, t.progress_at, t.schedule_name, t.schedule_slot,
-       t.cancel_requested_at, t.cancel_requested_by,
-       t.workflow_id, w.name AS workflow_name, w.status AS workflow_status, s.node_name AS step_name
-FROM tether_tasks t
-LEFT JOIN tether_workflows w ON w.id = t.workflow_id
-LEFT JOIN tether_workflow_tasks s ON s.task_id = t.id
-WHERE t.id = %(id)s;
+-- name: task_step
+-- The workflow a task is a step of, with the step's name (no row: not a step).
+SELECT w.id AS workflow_id, w.name AS workflow_name, w.status AS workflow_status,
+       s.node_name AS step_name
+FROM tether_workflow_tasks s
+JOIN tether_workflows w ON w.id = s.workflow_id
+WHERE s.task_id = %(id)s;
 
 -- name: browse_workflows
 SELECT id, name, status, on_error, steps_total, steps_done, steps_failed, created_at, finished_at
