@@ -48,13 +48,15 @@ def chromium_path() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API runs an event loop in the main thread
+# while it is open, and the asyncio tests that run after tests/browser need it closed.
+@pytest.fixture(scope="package")
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as p:
         yield p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(playwright: Playwright) -> Iterator[Browser]:
     # As root, chromium refuses to start without --no-sandbox; a container may lack the
     # user namespaces its sandbox needs as well.

@@ -85,6 +85,23 @@ def test_a_lost_start_lets_the_task_go() -> None:
     assert len(held) == 0 and held.current(0) is None
 
 
+def test_after_a_lost_start_the_next_pushed_task_is_the_child_s_current_one() -> None:
+    """The child reads the next RUN in its pipe as a fresh task: the main process must see it
+    as the current one, or it would take the child's NEXT as already answered by it."""
+    held = holding("a", "b", "c")
+    a, b = hand_and_push(held)
+    c = held.next_unhanded()
+    assert c is not None
+    held.push(0, c)
+    held.start_lost(0)  # a was cancelled before it ran
+    assert "a" not in held and held.current(0) is b and held.queued(0) == 1
+    held.start_lost(0)  # so was b
+    assert held.current(0) is c and held.queued(0) == 0
+    assert held.started(0) is c and held.running(0) is c
+    assert held.finished(0, "c", next_started=None) is None
+    assert held.current(0) is None and len(held) == 0 and a is not None
+
+
 def test_a_dead_child_s_tasks_stay_held_until_recorded() -> None:
     held = holding("a", "b")
     a, b = hand_and_push(held)

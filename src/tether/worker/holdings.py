@@ -184,11 +184,20 @@ class Holdings:
         return child.current
 
     def start_lost(self, slot: int) -> None:
-        """The child could not start its current task: the claim was gone. Not held any more."""
+        """The child could not start its current task: the claim was gone (cancelled before it
+        ran, or recovered elsewhere). Not held any more.
+
+        The child then reads the next RUN in its pipe, if any was pushed, as a fresh task
+        (as after a DONE with nothing started): that task is its current one now. Left in
+        the queue, it would make the main process take the child's later NEXT as answered
+        by a RUN the child has already read, and the two would wait for each other.
+        """
         child = self._child(slot)
         if child.current is not None:
             self._drop(child.current.id)
         child.current, child.running = None, False
+        if child.queued:
+            child.current = child.queued.popleft()
 
     def finished(self, slot: int, task_id: str, next_started: bool | None) -> TaskPayload | None:
         """The child recorded its task's outcome (or found it lost); returns what runs there now.
