@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
@@ -63,7 +64,8 @@ class _Parser:
         self.started = False
         self.application_name = ""
         self.pending = ""  # label of the exchange the next Sync completes
-        self.statements: dict[str, str] = {}  # prepared statement name -> its query
+        self.statements: dict[str, str] = {}  # prepared statement name -> its query's label
+        self.queries: dict[str, str] = {}  # prepared statement name -> its query
         self.prepares = False  # a Parse of a named statement since the last Sync
 
     def feed(self, data: bytes) -> None:
@@ -97,17 +99,22 @@ class _Parser:
 
     def _message(self, kind: int, body: bytes) -> None:
         if kind == ord("Q"):
-            self.counter._note(self, _label(body.split(b"\0", 1)[0].decode(errors="replace")))
+            query = body.split(b"\0", 1)[0].decode(errors="replace")
+            self.counter._query_passes(self.number, query)
+            self.counter._note(self, _label(query))
         elif kind == ord("P"):  # Parse: statement name, query, ...
             name, query = (part.decode(errors="replace") for part in body.split(b"\0", 2)[:2])
+            self.counter._query_passes(self.number, query)
             self.pending = _label(query)
             if name:
                 self.statements[name] = self.pending
+                self.queries[name] = query
                 self.prepares = True
         elif kind == ord("B"):  # Bind: portal name, statement name, ...
             statement = body.split(b"\0", 2)[1].decode(errors="replace")
             if statement:
                 self.pending = self.statements.get(statement, statement)
+                self.counter._query_passes(self.number, self.queries.get(statement, statement))
         elif kind == ord("S"):
             self.counter._note(self, self.pending, prepares=self.prepares)
             self.prepares = False
@@ -191,6 +198,16 @@ class WireCounter:
 
     # -- the proxy ---------------------------------------------------------------------------
 
+    # -- hooks for a subclass (tests/wire_cutter.py) ------------------------------------------
+
+    def _query_passes(self, connection: int, query: str) -> None:
+        """A statement on its way to the server (a Query, a Parse, or the Bind of a prepared one)."""
+
+    def _replies(self, connection: int) -> Callable[[bytes], int | None] | None:
+        """What reads the server's bytes to this client before they pass (None: nothing). It
+        returns None to pass them all, or how many of them pass before the connection ends."""
+        return None
+
     def _note(self, parser: _Parser, label: str, *, prepares: bool = False) -> None:
         trip = RoundTrip(time.monotonic(), parser.number, parser.application_name, label, prepares)
         with self._lock:
@@ -213,7 +230,8 @@ class WireCounter:
                 number = self._connections
                 self._sockets += [client, server]
             parser = _Parser(self, number)
-            for source, sink, seen in ((client, server, parser), (server, client, None)):
+            replies = self._replies(number)
+            for source, sink, seen in ((client, server, parser.feed), (server, client, replies)):
                 thread = threading.Thread(
                     target=self._pump, args=(source, sink, seen), name=f"wire-counter-{number}", daemon=True
                 )
@@ -221,14 +239,18 @@ class WireCounter:
                 self._threads.append(thread)
 
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, parser: _Parser | None) -> None:
+    def _pump(
+        source: socket.socket, sink: socket.socket, reader: Callable[[bytes], int | None] | None
+    ) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if parser is not None:
-                    parser.feed(data)
+                cut = None if reader is None else reader(data)
+                if cut is not None:
+                    sink.sendall(data[:cut])
+                    break  # the connection ends here, both ways (below)
                 sink.sendall(data)
         except OSError:
             pass
