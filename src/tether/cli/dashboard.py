@@ -31,6 +31,15 @@ from tether.cli import common
     default=None,
     help="Read the token from the first line of this file.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host header names NAME (a reverse proxy's public name); "
+    "repeatable. Always answered: localhost, 127.0.0.1, [::1] and the --host address. Beyond "
+    "loopback without this option, any Host is answered (the token guards every read).",
+)
 def dashboard(
     database_url: str | None,
     app_path: str | None,
@@ -38,14 +47,18 @@ def dashboard(
     port: int,
     token: str | None,
     token_file: str | None,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """A web page of tasks, workflows, queues and workers; with a token, it can act on them."""
     from tether.web.auth import READ_ONLY_NOTE, TokenError, is_loopback, read_token
     from tether.web.dashboard import DashboardServer
+    from tether.web.hosts import HostNameError, allowed_host
 
     try:
         secret = read_token(token, token_file)
-    except TokenError as exc:
+        for name in allowed_hosts:
+            allowed_host(name)  # checked before anything is opened
+    except (TokenError, HostNameError) as exc:
         raise click.ClickException(str(exc)) from None
     if secret is None and not is_loopback(host):
         raise click.ClickException(
@@ -64,6 +77,7 @@ def dashboard(
             token=secret,
             private_reads=not is_loopback(host),  # beyond loopback, the token guards reads too
             queues=config.queues,
+            allowed_hosts=allowed_hosts,
         )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
