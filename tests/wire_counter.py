@@ -68,17 +68,22 @@ class _Parser:
         self.queries: dict[str, str] = {}  # prepared statement name -> its query
         self.prepares = False  # a Parse of a named statement since the last Sync
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> int | None:
+        """Read what passes. None, or (when a subclass's hook asked to end the connection after
+        a statement) how many bytes of ``data`` pass before the end: up to that message's end."""
+        carried = len(self.buffer)  # bytes that came in earlier pieces (and passed already)
+        consumed = 0
         self.buffer += data
         while True:
             if not self.started:
                 if len(self.buffer) < 8:
-                    return
+                    return None
                 (length,) = struct.unpack("!i", self.buffer[:4])
                 if len(self.buffer) < length:
-                    return
+                    return None
                 body = bytes(self.buffer[4:length])
                 del self.buffer[:length]
+                consumed += int(length)
                 (code,) = struct.unpack("!i", body[:4])
                 if code in (SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST):
                     continue  # the server answers one byte; the real startup packet follows
@@ -88,23 +93,27 @@ class _Parser:
                 self.application_name = params.get(b"application_name", b"").decode(errors="replace")
                 continue
             if len(self.buffer) < 5:
-                return
+                return None
             kind = self.buffer[0]
             (length,) = struct.unpack("!i", self.buffer[1:5])
             if len(self.buffer) < 1 + length:
-                return
+                return None
             body = bytes(self.buffer[5 : 1 + length])
             del self.buffer[: 1 + length]
-            self._message(kind, body)
+            consumed += 1 + int(length)
+            if self._message(kind, body):
+                return max(0, consumed - carried)
 
-    def _message(self, kind: int, body: bytes) -> None:
+    def _message(self, kind: int, body: bytes) -> bool:
+        """Note one message; True if the connection must end once it has passed."""
+        end = False
         if kind == ord("Q"):
             query = body.split(b"\0", 1)[0].decode(errors="replace")
-            self.counter._query_passes(self.number, query)
+            end = self.counter._query_passes(self.number, query)
             self.counter._note(self, _label(query))
         elif kind == ord("P"):  # Parse: statement name, query, ...
             name, query = (part.decode(errors="replace") for part in body.split(b"\0", 2)[:2])
-            self.counter._query_passes(self.number, query)
+            end = self.counter._query_passes(self.number, query)
             self.pending = _label(query)
             if name:
                 self.statements[name] = self.pending
@@ -114,11 +123,12 @@ class _Parser:
             statement = body.split(b"\0", 2)[1].decode(errors="replace")
             if statement:
                 self.pending = self.statements.get(statement, statement)
-                self.counter._query_passes(self.number, self.queries.get(statement, statement))
+                end = self.counter._query_passes(self.number, self.queries.get(statement, statement))
         elif kind == ord("S"):
             self.counter._note(self, self.pending, prepares=self.prepares)
             self.prepares = False
         # Every other message (Describe, Execute, Flush, Terminate, ...) is passed on uncounted.
+        return end
 
 
 class WireCounter:
@@ -163,6 +173,8 @@ class WireCounter:
         """Close the listener and every proxied connection; join the threads."""
         self._stopping = True
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close() alone does not)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -200,8 +212,10 @@ class WireCounter:
 
     # -- hooks for a subclass (tests/wire_cutter.py) ------------------------------------------
 
-    def _query_passes(self, connection: int, query: str) -> None:
-        """A statement on its way to the server (a Query, a Parse, or the Bind of a prepared one)."""
+    def _query_passes(self, connection: int, query: str) -> bool:
+        """A statement on its way to the server (a Query, a Parse, or the Bind of a prepared one);
+        True ends the connection once that message has passed."""
+        return False
 
     def _replies(self, connection: int) -> Callable[[bytes], int | None] | None:
         """What reads the server's bytes to this client before they pass (None: nothing). It

@@ -11,6 +11,11 @@ transaction open, so the statement's transaction, or the one it was part of, has
 and everything after it are not passed on; both sockets are shut. The server has
 finished the transaction by then; the client is left waiting for a ReadyForQuery and
 gets the end of the connection instead.
+
+``cut_at_commit`` ends the connection earlier: right after the client's COMMIT of the
+chosen statement's transaction has passed to the server, before the server answers. The
+server still runs that COMMIT (a backend reads its client only between statements), so
+the transaction commits after the client gave it up: a first attempt "still in flight".
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class WireCutter(WireCounter):
     def __init__(self, target_url: str) -> None:
         super().__init__(target_url)
         self._wanted: str | None = None
+        self._at_commit = False  # the armed connection ends when its COMMIT passes
         self._armed: set[int] = set()
         self.cut: list[str] = []  # the statements whose transaction's end was cut, in order
 
@@ -32,21 +38,32 @@ class WireCutter(WireCounter):
         """Cut the connection of the next statement that contains ``text``, once the server
         has ended its transaction."""
         with self._lock:
-            self._wanted = text
+            self._wanted, self._at_commit = text, False
 
-    def _query_passes(self, connection: int, query: str) -> None:
+    def cut_at_commit(self, text: str) -> None:
+        """Cut the connection of the next statement that contains ``text`` as soon as the
+        client's COMMIT of its transaction has passed to the server."""
+        with self._lock:
+            self._wanted, self._at_commit = text, True
+
+    def _query_passes(self, connection: int, query: str) -> bool:
         with self._lock:
             if self._wanted is not None and self._wanted in query:
                 self._wanted = None
                 self._armed.add(connection)
                 self.cut.append(query)
+                return False
+            if self._at_commit and connection in self._armed and query.strip().upper() == "COMMIT":
+                self._armed.discard(connection)
+                return True
+            return False
 
     def _replies(self, connection: int) -> Callable[[bytes], int | None]:
         return _Replies(self, connection).feed
 
     def _ends_here(self, connection: int) -> bool:
         with self._lock:
-            if connection in self._armed:
+            if connection in self._armed and not self._at_commit:
                 self._armed.discard(connection)
                 return True
             return False

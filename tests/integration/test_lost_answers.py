@@ -14,6 +14,7 @@ and that the answer is the one the first attempt earned.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import load_app_module
+from tests.apps.support import connect, load_app_module
+from tests.conftest import wait_until
 from tests.wire_cutter import WireCutter
 from tether import AppConfig, PostgresConfig, Tether
 from tether.cancelling import CancelReply
@@ -170,3 +172,54 @@ def test_a_workflow_request_whose_answer_was_lost_says_it_changed_it(
     changed = getattr(handle, request_)()
     row = db.execute("SELECT status FROM tether_workflows WHERE id = %s", (started.id,)).fetchone()
     assert (changed, row) == (True, {"status": after})
+
+
+def test_a_first_attempt_that_commits_while_the_repeat_works_gives_the_answer(
+    proxied: Tether, cutter: WireCutter, db: Conn, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The connection ends as soon as the client's COMMIT has passed to the server, and the
+    server commits only later, while the repeat is already at work: held here by a deferred
+    trigger that waits for a lock the test holds. The repeat's pause waits for the first
+    attempt's row, finds the queue paused, and would say "already paused"; the primary key of
+    the answers makes it roll back and return the first attempt's answer instead."""
+    caplog.set_level(logging.INFO, logger="tether.broker")
+    db.execute(
+        "CREATE FUNCTION tether_test_hold_commit() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NULL; END $$"
+    )
+    db.execute(
+        "CREATE CONSTRAINT TRIGGER tether_test_hold_commit AFTER INSERT ON tether_request_answers"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tether_test_hold_commit()"
+    )
+    answers: list[bool] = []
+    try:
+        with connect(database_url) as holder:
+            holder.execute("SELECT pg_advisory_lock(4242)")
+            cutter.cut_at_commit("INSERT INTO tether_paused_queues")
+            thread = threading.Thread(target=lambda: answers.append(pause_queue(proxied.broker, "default")))
+            thread.start()
+            try:
+                wait_until(
+                    lambda: (
+                        db.execute(
+                            "SELECT count(*) AS n FROM pg_stat_activity WHERE query LIKE 'WITH paused AS%%'"
+                            " AND wait_event_type = 'Lock' AND datname = current_database()"
+                        ).fetchone()
+                        == {"n": 1}
+                    ),
+                    message="the repeat's pause to wait for the first attempt's row",
+                )
+                assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+            finally:
+                holder.execute("SELECT pg_advisory_unlock(4242)")  # the first attempt commits now
+                thread.join(timeout=30)
+    finally:
+        db.execute("DROP TRIGGER tether_test_hold_commit ON tether_request_answers")
+        db.execute("DROP FUNCTION tether_test_hold_commit()")
+    assert answers == [True]
+    assert len(cutter.cut) == 1 and db.execute(
+        "SELECT count(*) AS n FROM tether_paused_queues"
+    ).fetchone() == {"n": 1}
+    logged = caplog.text
+    assert "a pooled connection was dead" in logged
+    assert "the request's first attempt committed while it was repeated" in logged, logged
