@@ -81,6 +81,7 @@ class Worker:
         self.stopped = asyncio.Event()  # a second stop request: stop now
         self._signals = 0
         self._registered = False  # the registry row may exist: mark it stopped at the end
+        self._claimed_any = False  # the first claim that returned tasks came back
         self._background: list[asyncio.Task[Any]] = []
         self._closers: list[Callable[[], Awaitable[None] | None]] = []  # the services' connections
         self._sigterm_at = os.environ.get(SIGTERM_AT_ENV)
@@ -376,7 +377,8 @@ class Worker:
                 self.holdings.take(task, self.lanes.kind_of(found.is_async))
         if self.dispatcher is not None:
             self.dispatcher.hand_out()
-        if claimed:
+        if claimed and not self._claimed_any:
+            self._claimed_any = True
             await self._reached("claimed")
         for task in unknown:
             await self._not_registered_here(task)
