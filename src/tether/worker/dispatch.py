@@ -24,6 +24,7 @@ from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 
 log = logging.getLogger("tether.worker.dispatch")
@@ -51,7 +52,7 @@ class Dispatcher:
         self.stopping = False
         self.tasks_done = 0
         self.no_children = asyncio.Event()
-        self.recording: set[asyncio.Task[None]] = set()
+        self.recording = TaskSet("recording a dead child's tasks")
 
     def idle(self, slot: ChildSlot) -> bool:
         return slot.ready and slot.kind == "sync" and self.holdings.current(slot.index) is None
@@ -185,9 +186,7 @@ class Dispatcher:
             )
         if held:
             how = slot.crash_reason or "the worker process running this task died"
-            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for, how))
-            self.recording.add(recording)
-            recording.add_done_callback(self.recording.discard)
+            self.recording.start(self._record_crash(held, slot.killed_for, how))
         if self.supervisor is None:
             return
         if not self.stopping:
@@ -218,5 +217,4 @@ class Dispatcher:
             self.supervisor.kill_all()
             await self.no_children.wait()
         # A killed child's tasks are being recorded (crashed or released): let that finish.
-        if self.recording:
-            await asyncio.gather(*self.recording, return_exceptions=True)
+        await self.recording.wait()

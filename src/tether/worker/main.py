@@ -45,6 +45,7 @@ from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler, scheduler_loop
 from tether.worker.supervisor import Supervisor
+from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 from tether.worker.work_listener import listen_for_work
 
@@ -82,7 +83,9 @@ class Worker:
         self._signals = 0
         self._registered = False  # the registry row may exist: mark it stopped at the end
         self._claimed_any = False  # the first claim that returned tasks came back
-        self._background: list[asyncio.Task[Any]] = []
+        self._services: list[asyncio.Task[Any]] = []  # the background loops, from start to close
+        # A pause's give-backs, each held until it is done (and waited for at close).
+        self.give_backs = TaskSet("giving back a paused queue's tasks")
         self._closers: list[Callable[[], Awaitable[None] | None]] = []  # the services' connections
         self._sigterm_at = os.environ.get(SIGTERM_AT_ENV)
         # Set in run(), once the database is known:
@@ -243,7 +246,7 @@ class Worker:
             self.triggers.work_may_wait()
             scheduler.wake()
 
-        self._background = [
+        self._services = [
             asyncio.create_task(
                 listen_for_work(
                     url,
@@ -341,9 +344,10 @@ class Worker:
             now.cancel()
 
     async def _close(self) -> None:
-        for task in self._background:
+        for task in self._services:
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._services, return_exceptions=True)
+        await self.give_backs.wait()  # released before the row says stopped
         if self.dispatcher is not None and self.supervisor is not None:
             self.dispatcher.stopping = True
             await self.dispatcher.kill_children()
@@ -427,7 +431,7 @@ class Worker:
             going = self.holdings.let_go_unhanded(arguments[0])
             if going:
                 log.info("queue %s paused: giving back %d claimed task(s)", arguments[0], len(going))
-                self._background.append(asyncio.create_task(self._release(going)))
+                self.give_backs.start(self._release(going))
         elif verb == "resume" and len(arguments) == 1 and arguments[0] in self.queues:
             self.triggers.work_may_wait()
         elif verb == "cancel" and len(arguments) == 2 and arguments[0] == self.worker_id:
