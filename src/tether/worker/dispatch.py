@@ -31,6 +31,22 @@ log = logging.getLogger("tether.worker.dispatch")
 
 # Tasks handed to a busy child ahead of time (see hand_out).
 PUSH_AHEAD = 2
+# A dead child's log line names this many task ids per outcome, and counts the others.
+IDS_PER_OUTCOME = 10
+
+
+def outcomes_of(held: list[TaskPayload], verdicts: dict[str, str]) -> str:
+    """What became of a dead child's tasks, grouped by outcome: "2 FAILED with WORKER_CRASHED:
+    <id>, <id>; 30 retry scheduled after WORKER_CRASHED: <ten ids> and 20 more"."""
+    groups: dict[str, list[str]] = {}
+    for task in held:
+        groups.setdefault(verdicts[task.id], []).append(task.id)
+    parts = []
+    for verdict, ids in groups.items():
+        more = len(ids) - IDS_PER_OUTCOME
+        named = ", ".join(ids[:IDS_PER_OUTCOME]) + (f" and {more} more" if more > 0 else "")
+        parts.append(f"{len(ids)} {verdict}: {named}")
+    return "; ".join(parts)
 
 
 class Dispatcher:
@@ -186,7 +202,8 @@ class Dispatcher:
             )
         if held:
             how = slot.crash_reason or "the worker process running this task died"
-            self.recording.start(self._record_crash(held, slot.killed_for, how))
+            who = f"{slot.kind} child {slot.index} (pid {slot.pid})"
+            self.recording.start(self._record_crash(who, held, slot.killed_for, how))
         if self.supervisor is None:
             return
         if not self.stopping:
@@ -195,9 +212,14 @@ class Dispatcher:
             self.no_children.set()
 
     async def _record_crash(
-        self, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
+        self, who: str, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
     ) -> None:
-        """Every task a dead child held, in one statement: started ones failed or retried, others released."""
+        """Every task a dead child held, in one statement: started ones failed or retried, others released.
+
+        One WARNING for the death, whatever the count (an async child may hold hundreds):
+        how many tasks ended which way, with their ids up to IDS_PER_OUTCOME; each task
+        alone at DEBUG. Its attempt row says the same, task by task.
+        """
         try:
             verdicts = await asyncio.to_thread(self.recorder.record_crashes, held, killed_for, how)
         except DatabaseError as exc:
@@ -207,7 +229,8 @@ class Dispatcher:
             verdicts = {task.id: verdict for task in held}
         for task in held:
             self.holdings.forget(task.id)
-            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+            log.debug("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+        log.warning("the %d task(s) of dead %s: %s", len(held), who, outcomes_of(held, verdicts))
         self.on_change()
 
     async def kill_children(self) -> None:
