@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
 from tests.apps.basic import ledger
-from tether import AppConfig, TaskError, TaskResult, Tether
+from tether import AppConfig, TaskError, TaskResult, Tether, report_progress, report_progress_async
 
 app = Tether(AppConfig(queues=["default"]))
 
@@ -91,3 +93,42 @@ async def gated_async(key: int, token: str) -> TaskResult[str, TaskError]:
     await asyncio.to_thread(ledger, token)
     await asyncio.to_thread(wait_for_gate, key)
     return TaskResult(ok=token)
+
+
+@app.task("reporter")
+async def reporter(go: int, end: int, form: str) -> bool:
+    """Once gate ``go`` opens, reports progress (``form``: "sync" for report_progress, "async" for
+    report_progress_async), then waits for gate ``end``; returns what the report returned."""
+    await asyncio.to_thread(wait_for_gate, go)
+    if form == "async":
+        stored = await report_progress_async("half", 0.5, "halfway")
+    else:
+        stored = report_progress("half", 0.5, "halfway")
+    await asyncio.to_thread(wait_for_gate, end)
+    return stored
+
+
+@app.task("progress_checks")
+async def progress_checks(go: int, token: str) -> None:
+    """What both forms of report say to bad arguments, and, once gate ``go`` opens (the test has
+    given the task to another worker meanwhile), to a task no longer this worker's. Its outcome
+    cannot be recorded then: it writes its findings to the ledger, as ``<token> <json>``."""
+    bad: list[tuple[Any, Any, Any]] = [("", 0.5, None), ("s", 1.5, None), ("s", True, None), ("s", None, 3)]
+    errors: dict[str, list[str]] = {"sync": [], "async": []}
+    for args in bad:
+        try:
+            report_progress(*args)
+        except ValueError as exc:
+            errors["sync"].append(str(exc))
+        try:
+            await report_progress_async(*args)
+        except ValueError as exc:
+            errors["async"].append(str(exc))
+    await asyncio.to_thread(wait_for_gate, go)
+    findings = {
+        "errors": errors,
+        "async": await report_progress_async("after", 1.0),
+        "sync_in_a_thread": await asyncio.to_thread(report_progress, "after", 1.0),
+        "sync_on_the_loop": report_progress("after", 1.0),  # what the last report written said
+    }
+    await asyncio.to_thread(ledger, f"{token} {json.dumps(findings)}")
