@@ -65,10 +65,26 @@ class PipeWriter:
         as the child reads. False if the child is gone: nothing of it will arrive."""
         if self.broken or self.closed:
             return False
-        for chunk in chunks:
-            if chunk:
-                self._pending.append(memoryview(chunk))
-                self.pending_bytes += len(chunk)
+        queue = self._pending
+        if not queue and len(chunks) == 1:
+            # The common case, a small message into an empty pipe: one send, nothing queued.
+            chunk = chunks[0]
+            try:
+                sent = self._socket().send(chunk, _FLAGS)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._broke(exc)
+                return False
+            if sent == len(chunk):
+                return True
+            queue.append(memoryview(chunk)[sent:])
+            self.pending_bytes += len(chunk) - sent
+        else:
+            for chunk in chunks:
+                if chunk:
+                    queue.append(memoryview(chunk))
+                    self.pending_bytes += len(chunk)
         if self._loop is None:  # not waiting for room already: write now
             self._flush()
         return not self.broken
@@ -83,11 +99,7 @@ class PipeWriter:
             except (BlockingIOError, InterruptedError):
                 break  # the pipe is full: the child has not read yet
             except OSError as exc:
-                # The child is gone: its exit is seen through its process sentinel, and what
-                # it held (this message's task included) is recorded or given back.
-                log.warning("could not write to %s: %s", self.name, exc)
-                self.broken = True
-                self._drop()
+                self._broke(exc)
                 return
             self.pending_bytes -= sent
             if sent < len(chunk):
@@ -100,6 +112,13 @@ class PipeWriter:
         elif not self._pending and self._loop is not None:
             self._loop.remove_writer(sock.fileno())
             self._loop = None
+
+    def _broke(self, exc: OSError) -> None:
+        # The child is gone: its exit is seen through its process sentinel, and what it
+        # held (this message's task included) is recorded or given back.
+        log.warning("could not write to %s: %s", self.name, exc)
+        self.broken = True
+        self._drop()
 
     def _drop(self) -> None:
         if self._loop is not None and self._sock is not None:
