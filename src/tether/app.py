@@ -296,6 +296,16 @@ class Tether:
         """A handle for a task sent earlier (by id)."""
         return TaskHandle(self, parse_task_id(task_id))
 
+    def get_broker(self) -> PostgresBroker:
+        """The app's broker: manual recovery as the seed documents show it (docs/heartbeats-and-recovery.md).
+
+        ``await app.get_broker().get_stale_tasks(stale_threshold_minutes=5)``,
+        ``mark_stale_tasks_as_failed(stale_threshold_ms=...)`` and
+        ``requeue_stale_claimed(stale_threshold_ms=...)``. The same object as ``app.broker``;
+        a supported API, part of the seed contract (tests/seeds).
+        """
+        return self.broker
+
     @property
     def result_listener(self) -> ResultListener:
         with self._listener_lock:

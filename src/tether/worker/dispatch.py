@@ -24,12 +24,29 @@ from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 
 log = logging.getLogger("tether.worker.dispatch")
 
 # Tasks handed to a busy child ahead of time (see hand_out).
 PUSH_AHEAD = 2
+# A dead child's log line names this many task ids per outcome, and counts the others.
+IDS_PER_OUTCOME = 10
+
+
+def outcomes_of(held: list[TaskPayload], verdicts: dict[str, str]) -> str:
+    """What became of a dead child's tasks, grouped by outcome: "2 FAILED with WORKER_CRASHED:
+    <id>, <id>; 30 retry scheduled after WORKER_CRASHED: <ten ids> and 20 more"."""
+    groups: dict[str, list[str]] = {}
+    for task in held:
+        groups.setdefault(verdicts[task.id], []).append(task.id)
+    parts = []
+    for verdict, ids in groups.items():
+        more = len(ids) - IDS_PER_OUTCOME
+        named = ", ".join(ids[:IDS_PER_OUTCOME]) + (f" and {more} more" if more > 0 else "")
+        parts.append(f"{len(ids)} {verdict}: {named}")
+    return "; ".join(parts)
 
 
 class Dispatcher:
@@ -51,7 +68,7 @@ class Dispatcher:
         self.stopping = False
         self.tasks_done = 0
         self.no_children = asyncio.Event()
-        self.recording: set[asyncio.Task[None]] = set()
+        self.recording = TaskSet("recording a dead child's tasks")
 
     def idle(self, slot: ChildSlot) -> bool:
         return slot.ready and slot.kind == "sync" and self.holdings.current(slot.index) is None
@@ -185,9 +202,8 @@ class Dispatcher:
             )
         if held:
             how = slot.crash_reason or "the worker process running this task died"
-            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for, how))
-            self.recording.add(recording)
-            recording.add_done_callback(self.recording.discard)
+            who = f"{slot.kind} child {slot.index} (pid {slot.pid})"
+            self.recording.start(self._record_crash(who, held, slot.killed_for, how))
         if self.supervisor is None:
             return
         if not self.stopping:
@@ -196,9 +212,14 @@ class Dispatcher:
             self.no_children.set()
 
     async def _record_crash(
-        self, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
+        self, who: str, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
     ) -> None:
-        """Every task a dead child held, in one statement: started ones failed or retried, others released."""
+        """Every task a dead child held, in one statement: started ones failed or retried, others released.
+
+        One WARNING for the death, whatever the count (an async child may hold hundreds):
+        how many tasks ended which way, with their ids up to IDS_PER_OUTCOME; each task
+        alone at DEBUG. Its attempt row says the same, task by task.
+        """
         try:
             verdicts = await asyncio.to_thread(self.recorder.record_crashes, held, killed_for, how)
         except DatabaseError as exc:
@@ -208,7 +229,8 @@ class Dispatcher:
             verdicts = {task.id: verdict for task in held}
         for task in held:
             self.holdings.forget(task.id)
-            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+            log.debug("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+        log.warning("the %d task(s) of dead %s: %s", len(held), who, outcomes_of(held, verdicts))
         self.on_change()
 
     async def kill_children(self) -> None:
@@ -218,5 +240,4 @@ class Dispatcher:
             self.supervisor.kill_all()
             await self.no_children.wait()
         # A killed child's tasks are being recorded (crashed or released): let that finish.
-        if self.recording:
-            await asyncio.gather(*self.recording, return_exceptions=True)
+        await self.recording.wait()

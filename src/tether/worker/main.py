@@ -45,10 +45,17 @@ from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler, scheduler_loop
 from tether.worker.supervisor import Supervisor
+from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 from tether.worker.work_listener import listen_for_work
 
 log = logging.getLogger("tether.worker")
+
+# The steps of a worker's start-up, in order ("claimed": its first claim came back). A
+# test hook: TETHER_TEST_SIGTERM_AT=<step> makes the worker send itself SIGTERM as it
+# reaches that step, so a test hits each window of the start-up on purpose, not by luck.
+STARTUP_STEPS = ("begin", "registered", "children", "services", "reconciled", "claimed")
+SIGTERM_AT_ENV = "TETHER_TEST_SIGTERM_AT"
 
 
 class Worker:
@@ -71,10 +78,16 @@ class Worker:
         self.time_limits = TimeLimits(
             self._time_limit_of, self.holdings.running_in, self.config.cancel_grace_s
         )
+        self.stopping = asyncio.Event()  # a stop was requested: claim nothing more
         self.stopped = asyncio.Event()  # a second stop request: stop now
         self._signals = 0
-        self._background: list[asyncio.Task[Any]] = []
+        self._registered = False  # the registry row may exist: mark it stopped at the end
+        self._claimed_any = False  # the first claim that returned tasks came back
+        self._services: list[asyncio.Task[Any]] = []  # the background loops, from start to close
+        # A pause's give-backs, each held until it is done (and waited for at close).
+        self.give_backs = TaskSet("giving back a paused queue's tasks")
         self._closers: list[Callable[[], Awaitable[None] | None]] = []  # the services' connections
+        self._sigterm_at = os.environ.get(SIGTERM_AT_ENV)
         # Set in run(), once the database is known:
         self.pool: WorkerPool | None = None
         self.recorder: Recorder | None = None
@@ -94,8 +107,43 @@ class Worker:
 
     # -- lifecycle -----------------------------------------------------------------
 
+    @property
+    def stop_requested(self) -> bool:
+        return self.stopping.is_set()
+
+    async def _reached(self, step: str) -> None:
+        """A step of the start-up is done (see STARTUP_STEPS and its test hook)."""
+        log.debug("worker %s start-up: %s", self.worker_id, step)
+        if self._sigterm_at == step:
+            self._sigterm_at = None
+            os.kill(os.getpid(), signal.SIGTERM)
+            # The handler runs from the event loop: let it, so the stop lands at this step.
+            await self.stopping.wait()
+
     async def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Start, claim and run tasks until asked to stop, then stop cleanly.
+
+        A stop asked at any moment, the start-up included, takes the same clean path: the
+        registry row ends ``stopped``, the children are gone, claimed tasks are given back.
+        """
         loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            # First of all: SIGTERM's default action would end the process on the spot,
+            # leaving its registry row active and its children to die unrecorded.
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self._start(loop)
+            if not self.stop_requested:
+                assert self.claimer is not None
+                await self.claimer.run()
+            await self._drain()
+        finally:
+            await self._close()
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Every step before the claim loop; returns early once a stop is requested."""
+        await self._reached("begin")
         url = await asyncio.to_thread(lambda: self.app.broker.url)  # also migrates if behind
         config = self.app.config
         self.pool = pool = WorkerPool(url, config)
@@ -122,43 +170,51 @@ class Worker:
             accept=self._accept,
             may_claim=lambda: self.isolation is None or not self.isolation.isolated,
         )
+        if self.stop_requested:
+            log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
+            return
+        self._registered = True  # from here, _close marks the row stopped, even if this insert fails
         await pool.run("registering the worker", lambda c: workers.register_worker(c, self._registration()))
-        try:
-            if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, self.request_stop)
-            # Children start now (they run only what they are handed), so they are ready
-            # by the time the first task is claimed.
-            self.supervisor = self.dispatcher.supervisor = Supervisor(
-                lanes=self.lanes,
-                app_path=self.app_path,
-                url=url,
-                worker_id=self.worker_id,
-                log_level=logging.getLogger().getEffectiveLevel(),
-                on_message=self.dispatcher.on_message,
-                on_exit=self.dispatcher.on_exit,
-            )
-            self.supervisor.start(loop)
-            self.cancels = Cancels(self.holdings, self.supervisor, self._cancel_grace_of)
-            await self._start_services(url, registration)
-            # Before claiming anything: recover what dead workers on this host left behind.
-            await asyncio.to_thread(reconcile_host, url, config, self.identity)
-            lanes = self.lanes
-            log.info(
-                "worker %s started: queues=%s processes=%d (prefetch %d) async_processes=%d "
-                "(concurrency %d, prefetch %d)",
-                self.worker_id,
-                ",".join(self.queues),
-                lanes.sync_processes,
-                lanes.sync_prefetch,
-                lanes.async_processes,
-                lanes.async_concurrency,
-                lanes.async_prefetch,
-            )
-            await self.claimer.run()
-            await self._drain()
-        finally:
-            await self._close()
+        await self._reached("registered")
+        if self.stop_requested:
+            return
+        # Children start now (they run only what they are handed), so they are ready
+        # by the time the first task is claimed.
+        self.supervisor = self.dispatcher.supervisor = Supervisor(
+            lanes=self.lanes,
+            app_path=self.app_path,
+            url=url,
+            worker_id=self.worker_id,
+            log_level=logging.getLogger().getEffectiveLevel(),
+            on_message=self.dispatcher.on_message,
+            on_exit=self.dispatcher.on_exit,
+        )
+        self.supervisor.start(loop)
+        self.cancels = Cancels(self.holdings, self.supervisor, self._cancel_grace_of)
+        await self._reached("children")
+        if self.stop_requested:
+            return
+        await self._start_services(url, registration)
+        await self._reached("services")
+        if self.stop_requested:
+            return
+        # Before claiming anything: recover what dead workers on this host left behind.
+        await asyncio.to_thread(reconcile_host, url, config, self.identity)
+        await self._reached("reconciled")
+        if self.stop_requested:
+            return
+        lanes = self.lanes
+        log.info(
+            "worker %s started: queues=%s processes=%d (prefetch %d) async_processes=%d "
+            "(concurrency %d, prefetch %d)",
+            self.worker_id,
+            ",".join(self.queues),
+            lanes.sync_processes,
+            lanes.sync_prefetch,
+            lanes.async_processes,
+            lanes.async_concurrency,
+            lanes.async_prefetch,
+        )
 
     async def _start_services(self, url: str, registration: NotifyRegistration) -> None:
         """Heartbeat, isolation watch, reaper, scheduler and work listener; returns once the listener listens.
@@ -190,7 +246,7 @@ class Worker:
             self.triggers.work_may_wait()
             scheduler.wake()
 
-        self._background = [
+        self._services = [
             asyncio.create_task(
                 listen_for_work(
                     url,
@@ -208,9 +264,16 @@ class Worker:
             asyncio.create_task(scheduler_loop(scheduler)),
         ]
         self._closers = [writer.close, reaper.close, scheduler.close]
+        # Until the listener listens, or a stop is requested (nothing will be claimed then).
+        waits = {asyncio.create_task(listening.wait()), asyncio.create_task(self.stopping.wait())}
         try:
-            await asyncio.wait_for(listening.wait(), config.broker.connect_timeout_s)
-        except TimeoutError:
+            await asyncio.wait(
+                waits, timeout=config.broker.connect_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if not listening.is_set() and not self.stop_requested:
             log.warning(
                 "work listener not connected after %.0fs; going on (the poll finds work meanwhile)",
                 config.broker.connect_timeout_s,
@@ -236,6 +299,7 @@ class Worker:
         """First call: graceful stop. Second call: stop now (running tasks are recorded as crashed)."""
         self._signals += 1
         if self._signals == 1:
+            self.stopping.set()
             log.info(
                 "worker %s stopping: no new claims; running tasks may finish within %.0fs",
                 self.worker_id,
@@ -252,8 +316,9 @@ class Worker:
 
     async def _drain(self) -> None:
         """Give claimed-but-unstarted tasks back and let running ones finish within the grace period."""
-        assert self.dispatcher is not None and self.supervisor is not None
         await self._release(self.holdings.let_go_unhanded())
+        if self.dispatcher is None or self.supervisor is None:
+            return  # stopped before its children were started
         self.dispatcher.stop_idle_children()
         try:
             await asyncio.wait_for(self._all_children_gone(), self.config.grace_period_s)
@@ -279,18 +344,22 @@ class Worker:
             now.cancel()
 
     async def _close(self) -> None:
-        for task in self._background:
+        for task in self._services:
             task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._services, return_exceptions=True)
+        await self.give_backs.wait()  # released before the row says stopped
         if self.dispatcher is not None and self.supervisor is not None:
             self.dispatcher.stopping = True
             await self.dispatcher.kill_children()
         self.triggers.close()
         if self.pool is not None:
-            try:
-                await self.pool.run("stopping the worker", lambda c: workers.stop_worker(c, self.worker_id))
-            except DatabaseError as exc:
-                log.error("could not mark worker %s stopped: %s", self.worker_id, exc)
+            if self._registered:
+                try:
+                    await self.pool.run(
+                        "stopping the worker", lambda c: workers.stop_worker(c, self.worker_id)
+                    )
+                except DatabaseError as exc:
+                    log.error("could not mark worker %s stopped: %s", self.worker_id, exc)
             await self.pool.close()
         if self.recorder is not None:
             self.recorder.close()
@@ -312,6 +381,9 @@ class Worker:
                 self.holdings.take(task, self.lanes.kind_of(found.is_async))
         if self.dispatcher is not None:
             self.dispatcher.hand_out()
+        if claimed and not self._claimed_any:
+            self._claimed_any = True
+            await self._reached("claimed")
         for task in unknown:
             await self._not_registered_here(task)
 
@@ -359,7 +431,7 @@ class Worker:
             going = self.holdings.let_go_unhanded(arguments[0])
             if going:
                 log.info("queue %s paused: giving back %d claimed task(s)", arguments[0], len(going))
-                self._background.append(asyncio.create_task(self._release(going)))
+                self.give_backs.start(self._release(going))
         elif verb == "resume" and len(arguments) == 1 and arguments[0] in self.queues:
             self.triggers.work_may_wait()
         elif verb == "cancel" and len(arguments) == 2 and arguments[0] == self.worker_id:
