@@ -81,20 +81,23 @@ def dashboard(
         )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)")
-    if secret is None:
-        click.echo(READ_ONLY_NOTE)
-    elif server.access.private_reads:
-        click.echo("actions enabled; beyond loopback, reading needs the token too: the page asks for it once")
-    else:
-        click.echo("actions enabled: the page asks for the token once")
-    sys.stdout.flush()
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (systemd, docker stop) ends it as Ctrl-C does
 
+    # Before the first line is printed: whoever reads it may stop the dashboard at once.
     signal.signal(signal.SIGTERM, stop)
     try:
+        click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)")
+        if secret is None:
+            click.echo(READ_ONLY_NOTE)
+        elif server.access.private_reads:
+            click.echo(
+                "actions enabled; beyond loopback, reading needs the token too: the page asks for it once"
+            )
+        else:
+            click.echo("actions enabled: the page asks for the token once")
+        sys.stdout.flush()
         server.serve_forever()
     except KeyboardInterrupt:
         pass
