@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from tether.broker import PostgresBroker, schedules
+from tether.broker.answers import CHANGED
 from tether.broker.schedules import ScheduleInfo
 from tether.config import AppConfig, RetryPolicy
 from tether.errors import ScheduleDefinitionError, TaskDefinitionError
@@ -223,11 +224,11 @@ class Tether:
 
     def pause_schedule(self, name: str) -> bool:
         """Stop sending the schedule's slots until resumed (no deploy needed); False if already paused."""
-        return self.broker.run(lambda conn: set_paused(conn, name, paused=True))
+        return self.broker.run_request(lambda conn: set_paused(conn, name, paused=True), CHANGED)
 
     def resume_schedule(self, name: str) -> bool:
         """Send its slots again, from the first slot after now; False if it was not paused."""
-        return self.broker.run(lambda conn: set_paused(conn, name, paused=False))
+        return self.broker.run_request(lambda conn: set_paused(conn, name, paused=False), CHANGED)
 
     def list_schedules(self) -> list[ScheduleInfo]:
         """Every schedule stored in the database (all apps), as ``tether schedules`` lists them."""

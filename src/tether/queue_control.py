@@ -53,7 +53,8 @@ def pause_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) ->
     already (its pause is left as it was). ``by``: who asks, stored and logged."""
     check_queue_name(queue)
     _check_by(by)
-    pause = broker.run(lambda conn: queues.pause_queue(conn, queue, by))
+    # run_request: a pause whose commit's answer was lost with its connection still says True.
+    pause = broker.run_request(lambda conn: queues.pause_queue(conn, queue, by), queues.PAUSE_ANSWER)
     if pause is None:
         log.info("queue %s was already paused; pause asked by %s", queue, by or "(not given)")
         return False
@@ -66,7 +67,7 @@ def resume_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -
     False if it was not paused. ``by``: who asks, logged."""
     check_queue_name(queue)
     _check_by(by)
-    pause = broker.run(lambda conn: queues.resume_queue(conn, queue))
+    pause = broker.run_request(lambda conn: queues.resume_queue(conn, queue), queues.PAUSE_ANSWER)
     if pause is None:
         log.info("queue %s was not paused; resume asked by %s", queue, by or "(not given)")
         return False

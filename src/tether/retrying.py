@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from tether.broker import PostgresBroker, retries, tasks, workflows
+from tether.broker.answers import Answer
 from tether.broker.retries import RETRYABLE, Candidate, Criteria, TaskToRetry
 from tether.broker.types import Conn
 from tether.errors import InvalidOptionError, TaskNotFoundError
@@ -68,6 +69,12 @@ class RetryAnswer:
     workflow_status: str | None = None  # that workflow's status after the call
 
 
+# The answers of the retrying requests, as PostgresBroker.run_request records them: a retry
+# whose answer was lost with its connection says what it did, not "it is PENDING".
+RETRY_ANSWER: Answer[RetryAnswer] = Answer(RetryAnswer)
+RETRIED_ANSWER: Answer[list[retries.Retried]] = Answer(list[retries.Retried])
+
+
 @dataclass(frozen=True)
 class RetrySample:
     """A task a bulk retry matched, as it was before the retry (``finished_at``: when it ended)."""
@@ -111,9 +118,9 @@ def retry_task(broker: PostgresBroker, task_id: uuid.UUID | str, *, by: str | No
         raise _not_found(tid)
     workflow_id = found.workflow_id
     if workflow_id is not None:
-        answer = broker.run(lambda conn: _retry_step(conn, tid, workflow_id))
+        answer = broker.run_request(lambda conn: _retry_step(conn, tid, workflow_id), RETRY_ANSWER)
     else:
-        answer = broker.run(lambda conn: _retry_plain(conn, found))
+        answer = broker.run_request(lambda conn: _retry_plain(conn, found), RETRY_ANSWER)
     _log_one(answer, by)
     return answer
 
@@ -232,7 +239,8 @@ def retry_tasks(
         plain = [c for c in page if c.workflow_id is None]
         if plain:
             ids = [c.id for c in plain]
-            rows = broker.run(partial(retries.retry_tasks, task_ids=ids, statuses=criteria.statuses))
+            batch = partial(retries.retry_tasks, task_ids=ids, statuses=criteria.statuses)
+            rows = broker.run_request(batch, RETRIED_ANSWER)
             done.plain(plain, {r.id: r for r in rows})
         for c in page:
             if c.workflow_id is not None:
@@ -255,7 +263,7 @@ def _bulk_step(broker: PostgresBroker, c: Candidate) -> RetryAnswer:
     assert c.workflow_id is not None
     workflow_id = c.workflow_id
     try:
-        return broker.run(lambda conn: _retry_step(conn, c.id, workflow_id))
+        return broker.run_request(lambda conn: _retry_step(conn, c.id, workflow_id), RETRY_ANSWER)
     except TaskNotFoundError:
         return RetryAnswer(c.id, False, TaskStatus(c.status), "not retried: it was deleted meanwhile")
 
