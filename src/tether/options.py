@@ -9,11 +9,12 @@ carry the options of their task), and it imports none of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueError
+from tether.names import check_queue_name
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_DELAY = timedelta(days=3650)
@@ -35,15 +36,9 @@ class SendOptions:
     unique_key: str | None = None
     unique_for: timedelta | None = None
 
-    def changed(self, **given: Any) -> SendOptions:
-        """These options with those ``given`` that are not None (with_options' arguments), not
-        checked yet: check_send_options checks them and reads ``unique_for`` given in seconds."""
-        return replace(self, **{name: value for name, value in given.items() if value is not None})
-
 
 def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> SendOptions:
-    """Every send option at once (the app gives its declared queues); returns them with
-    ``unique_for`` as a timedelta."""
+    """Every send option at once (the app gives its declared queues)."""
     check_queue(options.queue, declared_queues)
     check_priority(options.priority)
     if options.good_until is not None:
@@ -53,14 +48,12 @@ def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> 
     if options.unique_key is not None:
         check_unique_key(options.unique_key)
     if options.unique_for is not None:
-        window = check_unique_for(options.unique_for)
+        check_unique_for(options.unique_for)
         if options.unique_key is None:
             raise InvalidOptionError(
                 "unique_for needs a unique_key: the window says how long a key stays taken "
                 "after its task was sent (give with_options(unique_key=..., unique_for=...))"
             )
-        if window is not options.unique_for:
-            return replace(options, unique_for=window)
     return options
 
 
@@ -202,6 +195,8 @@ def check_priority(priority: Any) -> int:
 
 
 def check_queue(queue: Any, declared: Sequence[str]) -> str:
+    """A queue name (tether.names' rule) that the app declares."""
+    check_queue_name(queue)
     if queue not in declared:
         raise UnknownQueueError(
             f"queue {queue!r} is not declared; declared queues: {', '.join(declared)}. "

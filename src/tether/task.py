@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -23,8 +23,8 @@ from tether.caller_transaction import check_connection
 from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, InvalidOptionError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
-from tether.options import SendOptions
-from tether.sending.basis import CALL_OPTIONS, SendBasis
+from tether.options import SendOptions, check_unique_for
+from tether.sending.basis import CALL_OPTIONS, Items, SendBasis
 from tether.sending.many import ManySend
 from tether.sending.many_unique import ManyUniqueSend
 from tether.sending.one import OneSend
@@ -37,8 +37,6 @@ R = TypeVar("R")
 #: Keyword names that send() takes for itself; a task may not use them as parameters.
 RESERVED_OPTION_NAMES = CALL_OPTIONS
 _NOW = timedelta(0)
-
-Items = Iterable[Sequence[Any] | Mapping[str, Any]]
 
 
 class Sends:
@@ -69,22 +67,22 @@ class Sends:
         self, when: timedelta | float | datetime, args: tuple[Any, ...], kwargs: dict[str, Any], call: str
     ) -> TaskHandle[Any]:
         basis = self._basis
+        plain = OneSend.prepare(basis, when, args, kwargs)
         if basis.unique is None:
-            plain = OneSend.prepare(basis, when, args, kwargs)
             basis.route.run(plain, call)
             return plain.handle()
-        keyed = OneUniqueSend.prepare(basis, when, args, kwargs)
+        keyed = OneUniqueSend(plain, basis.unique)
         return keyed.handle(basis.route.run(keyed, call))
 
     async def _one_async(
         self, when: timedelta | float | datetime, args: tuple[Any, ...], kwargs: dict[str, Any], call: str
     ) -> TaskHandle[Any]:
         basis = self._basis
+        plain = OneSend.prepare(basis, when, args, kwargs)
         if basis.unique is None:
-            plain = OneSend.prepare(basis, when, args, kwargs)
             await basis.route.run_async(plain, call)
             return plain.handle()
-        keyed = OneUniqueSend.prepare(basis, when, args, kwargs)
+        keyed = OneUniqueSend(plain, basis.unique)
         return keyed.handle(await basis.route.run_async(keyed, call))
 
     # -- many tasks -------------------------------------------------------------------
@@ -199,7 +197,6 @@ class Task(Sends, Generic[P, R]):
         connection: CallerConn | AsyncCallerConn | None = None,
     ) -> BoundTask:
         """A view of this task that sends with other options; the task itself is unchanged.
-        Options left out (None) keep the task's.
 
         ``unique_key``: send only if no task of this name holds the key (not terminal yet, or,
         with ``unique_for``, sent within that window); see docs/tasks.md#unique-sends.
@@ -215,15 +212,15 @@ class Task(Sends, Generic[P, R]):
                     "its durability is your commit's. Set synchronous_commit on your own transaction "
                     "if you want that"
                 )
-        options = self.options.changed(
-            queue=queue,
-            priority=priority,
-            good_until=good_until,
-            durable=durable,
-            unique_key=unique_key,
-            unique_for=unique_for,
+        opts = SendOptions(
+            queue if queue is not None else self.options.queue,
+            priority if priority is not None else self.options.priority,
+            good_until if good_until is not None else self.options.good_until,
+            durable if durable is not None else self.options.durable,
+            unique_key,
+            None if unique_for is None else check_unique_for(unique_for),
         )
-        return BoundTask(self, self.app.check_options(self.name, options), connection)
+        return BoundTask(self, self.app.check_options(self.name, opts), connection)
 
     # -- encoding -------------------------------------------------------------
 

@@ -8,8 +8,7 @@ delay) into the ``SendSpec`` every insert statement takes.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 from uuid import UUID
@@ -18,35 +17,26 @@ from tether.app_view import AppView
 from tether.broker.tasks import SendSpec
 from tether.broker.types import AsyncCallerConn, CallerConn
 from tether.broker.unique import UniqueKey
-from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, SerializationError
 from tether.handle import TaskHandle
 from tether.options import SendOptions, check_good_until
 from tether.sending.route import Route
+from tether.workflow.definition import StepTask
 
 #: Keyword names a send takes for itself (send, schedule, send_many); a task may not use
 #: them as parameters. Each is read by ``SendBasis.call_good_until`` (and any new one there).
 CALL_OPTIONS = frozenset({"good_until"})
 
+#: The items of a send_many: each a tuple/list of positional arguments or a dict of keyword ones.
+Items = Iterable[Sequence[Any] | Mapping[str, Any]]
 
-class SendingTask(Protocol):
+
+class SendingTask(StepTask, Protocol):
     """What a send uses of its task (a ``tether.task.Task``; a Protocol, as task.py imports
-    this package). It is also a workflow's ``StepTask``."""
+    this package): what a workflow step uses (node() builds one), and what a send adds."""
 
     @property
     def app(self) -> AppView: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def fn(self) -> Callable[..., Any]: ...
-
-    @property
-    def signature(self) -> inspect.Signature: ...
-
-    @property
-    def retry_policy(self) -> RetryPolicy | None: ...
 
     @property
     def retry_policy_json(self) -> str | None: ...
@@ -100,11 +90,11 @@ class SendBasis:
             notify_always=in_callers,
         )
 
-    def encode_items(
-        self, items: Iterable[Sequence[Any] | Mapping[str, Any]], common: dict[str, Any]
-    ) -> tuple[list[str], list[str]]:
-        """The arguments of each item of a send_many, as JSON; ``common``: the keyword arguments
-        every item shares (an item's dict wins over them). Errors name the item."""
+    def encode_items(self, items: Items, common: dict[str, Any]) -> tuple[SendSpec, list[str], list[str]]:
+        """A send_many's columns, and the arguments of each item as JSON; ``common``: the keyword
+        arguments every item shares (an item's dict wins over them), ``good_until=`` among
+        them. Errors name the item."""
+        spec = self.row_spec(timedelta(0), None, self.call_good_until(common))
         args_list: list[str] = []
         kwargs_list: list[str] = []
         for index, item in enumerate(items):
@@ -123,7 +113,7 @@ class SendBasis:
                 raise type(exc)(f"send_many item {index}: {exc}") from None
             args_list.append(a)
             kwargs_list.append(k)
-        return args_list, kwargs_list
+        return spec, args_list, kwargs_list
 
     def handle(self, task_id: UUID, *, deduplicated: bool = False) -> TaskHandle[Any]:
         return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=deduplicated)

@@ -3,9 +3,7 @@ all or none, one statement per SEND_MANY_CHUNK tasks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -15,7 +13,7 @@ from tether.broker.types import AsyncConn, Conn
 from tether.errors import InvalidOptionError
 from tether.handle import TaskHandle
 from tether.ids import new_task_ids
-from tether.sending.basis import SendBasis
+from tether.sending.basis import Items, SendBasis
 
 #: Rows per INSERT; bigger batches run several statements in one transaction.
 SEND_MANY_CHUNK = 20_000
@@ -35,21 +33,13 @@ class ManySend:
     repeatable = True  # the ids are the client's (see one.OneSend)
 
     @classmethod
-    def prepare(
-        cls,
-        basis: SendBasis,
-        items: Iterable[Sequence[Any] | Mapping[str, Any]],
-        common: dict[str, Any],
-        unique_for: object,
-    ) -> ManySend:
+    def prepare(cls, basis: SendBasis, items: Items, common: dict[str, Any], unique_for: object) -> ManySend:
         if unique_for is not None:
             raise InvalidOptionError(
                 "send_many got unique_for without unique_keys: the window applies to keys; "
                 "give unique_keys=[...] (one per item) or with_options(unique_key=...)"
             )
-        good_until = basis.call_good_until(common)
-        args_list, kwargs_list = basis.encode_items(items, common)
-        spec = basis.row_spec(timedelta(0), None, good_until)
+        spec, args_list, kwargs_list = basis.encode_items(items, common)
         return cls(basis, spec, new_task_ids(len(args_list)), args_list, kwargs_list)
 
     @property

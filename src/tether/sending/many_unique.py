@@ -4,7 +4,7 @@ all in one transaction (docs/tasks.md#unique-sends)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,7 +17,7 @@ from tether.errors import InvalidOptionError
 from tether.handle import TaskHandle
 from tether.ids import new_task_ids
 from tether.options import check_unique_for, check_unique_key
-from tether.sending.basis import SendBasis
+from tether.sending.basis import Items, SendBasis
 from tether.sending.many import SEND_MANY_CHUNK
 
 
@@ -47,7 +47,7 @@ class ManyUniqueSend:
     def prepare(
         cls,
         basis: SendBasis,
-        items: Iterable[Sequence[Any] | Mapping[str, Any]],
+        items: Items,
         common: dict[str, Any],
         unique_keys: Sequence[str] | None,
         unique_for: timedelta | float | None,
@@ -56,8 +56,7 @@ class ManyUniqueSend:
         window = held.window if held is not None else None
         if unique_for is not None:
             window = check_unique_for(unique_for)
-        good_until = basis.call_good_until(common)
-        args_list, kwargs_list = basis.encode_items(items, common)
+        spec, args_list, kwargs_list = basis.encode_items(items, common)
         if unique_keys is None:
             assert held is not None  # tether.task picks this plan only with some key
             keys = [held.key] * len(args_list)
@@ -89,7 +88,7 @@ class ManyUniqueSend:
             keys,
             proposed,
             first,
-            basis.row_spec(timedelta(0), None, good_until),
+            spec,
             window,
             distinct,
             [proposed[k] for k in distinct],
@@ -103,28 +102,14 @@ class ManyUniqueSend:
 
     def write(self, conn: Conn) -> dict[str, UUID]:
         """Returns the task holding each key."""
-        return unique_sends.insert_unique_tasks(
-            conn,
-            self.spec,
-            self.window,
-            self.distinct,
-            self.ids,
-            self.args,
-            self.kwargs,
-            chunk=SEND_MANY_CHUNK,
-        )
+        return unique_sends.insert_unique_tasks(conn, *self._rows(), chunk=SEND_MANY_CHUNK)
 
     async def write_async(self, conn: AsyncConn) -> dict[str, UUID]:
-        return await unique_sends.insert_unique_tasks_async(
-            conn,
-            self.spec,
-            self.window,
-            self.distinct,
-            self.ids,
-            self.args,
-            self.kwargs,
-            chunk=SEND_MANY_CHUNK,
-        )
+        return await unique_sends.insert_unique_tasks_async(conn, *self._rows(), chunk=SEND_MANY_CHUNK)
+
+    def _rows(self) -> tuple[SendSpec, timedelta | None, list[str], list[UUID], list[str], list[str]]:
+        """What the statement takes, in its order: one row per distinct key."""
+        return self.spec, self.window, self.distinct, self.ids, self.args, self.kwargs
 
     def handles(self, holders: Mapping[str, UUID]) -> list[TaskHandle[Any]]:
         """One handle per item: the task holding its key; deduplicated unless this item created it."""

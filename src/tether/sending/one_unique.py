@@ -4,7 +4,6 @@ unless the key is held; the handle names the task holding it (docs/tasks.md#uniq
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -12,30 +11,19 @@ from tether.broker import unique as unique_sends
 from tether.broker.types import AsyncConn, Conn
 from tether.broker.unique import UniqueKey
 from tether.handle import TaskHandle
-from tether.sending.basis import SendBasis
 from tether.sending.one import OneSend
 
 
 @dataclass(frozen=True, slots=True)
 class OneUniqueSend:
-    """One call checked and encoded, and the key it asks for."""
+    """A plain send checked and encoded (the task proposed), and the key it asks for."""
 
-    send: OneSend  # the task proposed, if the key is free
+    send: OneSend
     key: UniqueKey
 
     all_or_none = False
-    repeatable = False  # its statement answers with the key's holder: run again, it still does
-
-    @classmethod
-    def prepare(
-        cls,
-        basis: SendBasis,
-        when: timedelta | float | datetime,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> OneUniqueSend:
-        assert basis.unique is not None  # tether.task picks this plan only with a key
-        return cls(OneSend.prepare(basis, when, args, kwargs), basis.unique)
+    # Run again (its connection broke), its statement still answers with the key's holder.
+    repeatable = False
 
     def write(self, conn: Conn) -> UUID:
         """Returns the task holding the key: the one proposed if this call created it."""
