@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -24,7 +24,7 @@ from tether.config import RetryPolicy
 from tether.errors import BadArgumentsError, InvalidOptionError, SerializationError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.options import SendOptions, check_unique_for
-from tether.sending.basis import CALL_OPTIONS, Items, SendBasis
+from tether.sending.basis import CALL_OPTIONS, SendBasis
 from tether.sending.many import ManySend
 from tether.sending.many_unique import ManyUniqueSend
 from tether.sending.one import OneSend
@@ -89,7 +89,7 @@ class Sends:
 
     def send_many(
         self,
-        items: Items,
+        items: Iterable[Sequence[Any] | Mapping[str, Any]],
         *,
         unique_keys: Sequence[str] | None = None,
         unique_for: timedelta | float | None = None,
@@ -111,7 +111,7 @@ class Sends:
 
     async def send_many_async(
         self,
-        items: Items,
+        items: Iterable[Sequence[Any] | Mapping[str, Any]],
         *,
         unique_keys: Sequence[str] | None = None,
         unique_for: timedelta | float | None = None,
