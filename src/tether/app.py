@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from tether.config import AppConfig, RetryPolicy
 from tether.errors import ScheduleDefinitionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
+from tether.names import check_task_name
 from tether.options import (
     SendOptions,
     check_cancel_grace,
@@ -33,8 +33,6 @@ from tether.workflow.handle import WorkflowHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 
 
 class Tether:
@@ -73,11 +71,7 @@ class Tether:
         how long its code may go on after a cancel was requested before its process is
         killed (None: the worker's ``cancel_grace_s``, 5 s by default).
         """
-        if not isinstance(name, str) or not _TASK_NAME.match(name):
-            raise TaskDefinitionError(
-                f"task name {name!r} is invalid: use letters, digits, '_', '.', ':' or '-' "
-                "(up to 200 characters, not starting with a digit)"
-            )
+        check_task_name(name, "task name", TaskDefinitionError)
         if name in self.tasks:
             raise TaskDefinitionError(f"task name {name!r} is already registered ({self.tasks[name].fn!r})")
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):

@@ -26,6 +26,7 @@ from tether.broker.retries import RETRYABLE, Candidate, Criteria, TaskToRetry
 from tether.broker.types import Conn
 from tether.errors import InvalidOptionError, TaskNotFoundError
 from tether.ids import parse_task_id
+from tether.names import check_by, check_queue_name, check_task_name
 from tether.result import TaskStatus
 from tether.workflow import reopen
 
@@ -112,7 +113,7 @@ def retry_task(broker: PostgresBroker, task_id: uuid.UUID | str, *, by: str | No
     ``by`` says who asked (logged). Raises TaskNotFoundError for an unknown id.
     """
     tid = parse_task_id(task_id)
-    _check_by(by)
+    check_by(by)
     found = broker.run(lambda conn: retries.task_to_retry(conn, tid))
     if found is None:
         raise _not_found(tid)
@@ -208,7 +209,7 @@ def retry_tasks(
     raise InvalidOptionError before anything is read.
     """
     wanted = _check_filter(filter)
-    _check_by(by)
+    check_by(by)
     if not isinstance(dry_run, bool):
         raise InvalidOptionError(f"dry_run must be a bool, got {dry_run!r}")
     if (
@@ -313,8 +314,11 @@ def _check_filter(value: Any) -> RetryFilter:
     if not isinstance(value, RetryFilter):
         raise InvalidOptionError(f"filter must be a RetryFilter, got {type(value).__name__}")
     statuses = _check_statuses(value.statuses)
-    for name in ("queue", "name", "error_code"):
-        _check_text(f"filter.{name}", getattr(value, name))
+    if value.queue is not None:
+        check_queue_name(value.queue, "filter.queue")
+    if value.name is not None:
+        check_task_name(value.name, "filter.name")
+    _check_text("filter.error_code", value.error_code)
     since = _check_time("filter.since", value.since)
     until = _check_time("filter.until", value.until)
     # Both absolute (earlier first) or both relative (further back first); a mix is
@@ -363,11 +367,6 @@ def _check_time(name: str, value: Any) -> datetime | timedelta | None:
     raise InvalidOptionError(
         f"{name} must be an aware datetime or a timedelta (that long ago), got {type(value).__name__}"
     )
-
-
-def _check_by(by: Any) -> None:
-    if by is not None and (not isinstance(by, str) or not by or len(by) > 200 or "\x00" in by):
-        raise InvalidOptionError(f"by must be a non-empty string of up to 200 characters, got {by!r}")
 
 
 def _resolve(wanted: RetryFilter, now: datetime) -> Criteria:

@@ -404,7 +404,7 @@ def test_queue_and_workflow_actions_and_a_bulk_dry_run(
         assert post(server, "api/actions/pause-queue", {"queue": "low"}, token=token)[2]["changed"] is False
         assert post(server, "api/actions/resume-queue", {"queue": "low"}, token=token)[2]["changed"] is True
         code, _, answer = post(server, "api/actions/pause-queue", {"queue": "no spaces"}, token=token)
-        assert code == 400 and "not a valid queue name" in answer["error"]
+        assert code == 400 and answer["error"].startswith("queue must be a queue name: ")
 
         code, _, answer = post(
             server,
@@ -425,6 +425,45 @@ def test_queue_and_workflow_actions_and_a_bulk_dry_run(
         wid = str(uuid.uuid4())
         code, _, answer = post(server, "api/actions/cancel-workflow", {"workflow_id": wid}, token=token)
         assert code == 200 and answer["changed"] is False
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_actions_check_names_as_the_api_does(basic: ModuleType, db: psycopg.Connection[Any]) -> None:
+    """A malformed queue or task name is refused (400, naming it) and changes nothing; who asks
+    is the dashboard's to say (``dashboard:<client address>``), never the request body's."""
+    token = "n4mes-" + uuid.uuid4().hex
+    failed = basic.fail.send("BOOM")
+    pending = basic.add.send(1, 2)
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    before = db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall()
+    server = serve(basic.app.broker, token)
+    try:
+        for queue in ("", "has space", "images\n", "x" * 65, 5, None):
+            for action in ("pause-queue", "resume-queue"):
+                code, _, answer = post(server, f"api/actions/{action}", {"queue": queue}, token=token)
+                assert code == 400, (action, queue, answer)
+                assert answer["error"].startswith("queue must be a queue name: 1 to 64 characters"), answer
+        for field, value, rule in (
+            ("queue", "has space", "filter.queue must be a queue name"),
+            ("name", "9lives", "filter.name must be a task name"),
+            ("name", "semi;colon", "filter.name must be a task name"),
+        ):
+            for dry_run in (True, False):
+                body = {"filter": {field: value}, "dry_run": dry_run}
+                code, _, answer = post(server, "api/actions/retry-tasks", body, token=token)
+                assert code == 400 and answer["error"].startswith(rule), answer
+        assert db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall() == before
+        assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+
+        forged = {"task_id": str(pending.id), "by": "admin\nINFO tether: forged"}
+        code, _, answer = post(server, "api/actions/cancel-task", forged, token=token)
+        assert code == 200 and answer["reply"] == "cancelled"
+        row = db.execute(
+            "SELECT cancel_requested_by FROM tether_tasks WHERE id = %s", (pending.id,)
+        ).fetchone()
+        assert row == {"cancel_requested_by": "dashboard:127.0.0.1"}
     finally:
         server.shutdown()
         server.server_close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether import cancelling, queue_control, retrying
+from tether import cancelling, names, queue_control, retrying
 from tether.broker import PostgresBroker
 from tether.broker.answers import CHANGED
 from tether.errors import InvalidOptionError, TaskNotFoundError
@@ -200,6 +200,6 @@ def _id(body: Mapping[str, Any], key: str) -> uuid.UUID:
 
 def _queue(body: Mapping[str, Any]) -> str:
     try:
-        return queue_control.check_queue_name(body.get("queue"))
+        return names.check_queue_name(body.get("queue"))
     except InvalidOptionError as exc:
         raise ApiError(400, str(exc)) from None
