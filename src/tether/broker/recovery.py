@@ -27,6 +27,7 @@ from tether.broker.queries import q
 from tether.broker.types import Conn
 from tether.broker.workflows import prune_workflows
 from tether.config import RecoveryConfig
+from tether.result import TaskStatus
 
 log = logging.getLogger("tether.recovery")
 
@@ -58,7 +59,7 @@ class CrashedTask:
     claimed_by_worker_id: str
     silent_s: float  # seconds since the start or the runner's last heartbeat
     retry_delay_s: float | None
-    settled: str = "FAILED"  # PENDING (a retry), FAILED or CANCELLED
+    settled: TaskStatus = TaskStatus.FAILED  # PENDING (a retry), FAILED or CANCELLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,7 @@ def recover_stale_running(
                 or f"no runner heartbeat for {row['silent_s']:.1f}s from worker {row['claimed_by_worker_id']}"
             )
             outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
-            fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
+            fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], TaskStatus.RUNNING)
             settled = record_outcome(conn, fence, outcome, hostname=None, pid=None).settled
             if settled is None:
                 continue  # settled by its own worker in the meantime: nothing to do
@@ -201,10 +202,10 @@ def recover_stale_running(
                 row["attempt"],
                 row["claimed_by_worker_id"],
                 row["silent_s"],
-                outcome.retry_delay_s if settled == "PENDING" else None,
+                outcome.retry_delay_s if settled is TaskStatus.PENDING else None,
                 settled,
             )
-            (retried if settled == "PENDING" else failed).append(task)
+            (retried if settled is TaskStatus.PENDING else failed).append(task)
             if quiet:
                 continue
             log.warning(
@@ -215,9 +216,9 @@ def recover_stale_running(
                 task.claimed_by_worker_id,
                 how,
                 f"retry in {outcome.retry_delay_s:.1f}s (policy retries WORKER_CRASHED)"
-                if settled == "PENDING"
+                if settled is TaskStatus.PENDING
                 else "CANCELLED (its cancel had been requested)"
-                if settled == "CANCELLED"
+                if settled is TaskStatus.CANCELLED
                 else "FAILED with WORKER_CRASHED",
             )
     return retried, failed

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from tether.broker.recovery import CrashedTask, RequeuedTask, apply_task_rules
 from tether.cli import common
+from tether.result import TaskStatus
 from tether.workflow.recovery import ReconcileReport, reconcile_and_report
 
 
@@ -63,7 +64,12 @@ def recover(
         [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
         + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
         + [
-            ("CANCELLED (cancel requested)" if r.settled == "CANCELLED" else "FAILED (WORKER_CRASHED)", r)
+            (
+                "CANCELLED (cancel requested)"
+                if r.settled is TaskStatus.CANCELLED
+                else "FAILED (WORKER_CRASHED)",
+                r,
+            )
             for r in done.failed
         ]
     )

@@ -19,6 +19,7 @@ from tether import cancelling, names, queue_control, retrying
 from tether.broker import PostgresBroker
 from tether.broker.answers import CHANGED
 from tether.errors import InvalidOptionError, TaskNotFoundError
+from tether.result import TaskStatus
 from tether.web import api
 from tether.web.jsonout import ApiError
 from tether.workflow import engine
@@ -86,7 +87,7 @@ def retry_tasks(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Act
     query = {key: [str(value)] for key, value in raw.items() if value not in (None, "")}
     where = api.task_filter(query)
     wanted = retrying.RetryFilter(
-        statuses=tuple(where.statuses) or ("FAILED",),
+        statuses=tuple(where.statuses) or (TaskStatus.FAILED,),
         queue=where.queue,
         name=where.name,
         error_code=where.error_code,
