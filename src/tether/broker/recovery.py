@@ -10,7 +10,7 @@
 Every action is a guarded UPDATE (status + attempt + owner), so a reaper that
 races another reaper, or a worker that comes back late, cannot act twice.
 These functions take a sync connection; the worker's reaper runs them in a
-thread, and the broker's async methods wrap them the same way.
+thread. Manual recovery (broker/manual_recovery.py) applies the same rules on demand.
 """
 
 from __future__ import annotations
@@ -304,28 +304,3 @@ def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, i
     if deleted:
         log.info("retention: pruned %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))
     return deleted
-
-
-def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[StaleTask]:
-    rows = conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit})
-    return [StaleTask(**row) for row in rows]
-
-
-def apply_task_rules(
-    conn: Conn,
-    *,
-    claimed_threshold_ms: float,
-    running_threshold_ms: float,
-    worker_threshold_ms: float,
-    dry_run: bool = False,
-) -> Recovered:
-    """The reaper's task rules, applied once on demand (``tether recover``): expire what is
-    past good_until, requeue stale CLAIMED, retry or fail stale RUNNING, mark silent workers
-    inactive. A dry run does it all and rolls it back."""
-    done = Recovered()
-    with conn.transaction(force_rollback=dry_run):
-        done.expired = expire_pending(conn)
-        done.requeued = requeue_stale_claimed(conn, claimed_threshold_ms, quiet=dry_run)
-        done.retried, done.failed = recover_stale_running(conn, running_threshold_ms, quiet=dry_run)
-        done.deactivated = deactivate_stale_workers(conn, worker_threshold_ms, quiet=dry_run)
-    return done
