@@ -45,6 +45,34 @@ class RecoveryReport:
         ]
         return requeued + retried + ended
 
+    @property
+    def changed(self) -> bool:
+        """Whether it changed anything (never, in a dry run)."""
+        flows = self.workflows
+        return not self.dry_run and (self.tasks.acted or bool(flows.steps or flows.finished))
+
+    def tasks_summary(self) -> str:
+        """What it did to tasks and workers, in one sentence."""
+        verb = "would be" if self.dry_run else "were"
+        return (
+            f"{len(self.actions())} stale task(s) {verb} recovered, {self.tasks.expired} expired task(s) "
+            f"{verb} marked EXPIRED, {len(self.tasks.deactivated)} silent worker(s) {verb} marked inactive"
+        )
+
+    def workflows_summary(self) -> str:
+        """What it did to workflows, in one sentence."""
+        flows = self.workflows
+        if self.dry_run:
+            with_stuck = sum(1 for w in flows.workflows if w["stuck_steps"])
+            line = f"{flows.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
+            if flows.finished:
+                line += f", {len(flows.finished)} workflow(s) whose steps have all ended would be finished"
+            return line
+        return (
+            f"{flows.steps} stuck workflow step(s) were settled, "
+            f"{len(flows.finished)} workflow(s) were finished"
+        )
+
     def as_json(self) -> dict[str, Any]:
         """The report as ``tether recover --json`` prints it (values JSON writes as text:
         UUIDs, datetimes)."""

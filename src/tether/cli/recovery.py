@@ -53,8 +53,7 @@ def recover(
     if as_json:
         common.emit_json(report.as_json())
         return
-    done, flows, rows = report.tasks, report.workflows, report.actions()
-    verb = "would be" if dry_run else "were"
+    flows, rows = report.workflows, report.actions()
     common.console.print(
         common.table(
             f"Stale tasks ({'dry run: nothing changed' if dry_run else 'recovered'})",
@@ -62,13 +61,10 @@ def recover(
             [[r.id, r.name, r.attempt, r.claimed_by_worker_id, f"{r.silent_s:.1f}s", a] for a, r in rows],
         )
     )
-    common.console.print(
-        f"{len(rows)} stale task(s) {verb} recovered, {done.expired} expired task(s) {verb} marked "
-        f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
-    )
+    common.console.print(report.tasks_summary())
     if flows.workflows:
         common.console.print(_report_table(flows))
-    common.console.print(_report_summary(flows))
+    common.console.print(report.workflows_summary())
 
 
 def _report_table(report: ReconcileReport) -> Table:
@@ -79,17 +75,4 @@ def _report_table(report: ReconcileReport) -> Table:
         title,
         ["workflow", "name", "stuck steps", "status"],
         [[w["id"], w["name"], w["stuck_steps"], common.status_text(w["status"])] for w in report.workflows],
-    )
-
-
-def _report_summary(report: ReconcileReport) -> str:
-    if report.dry_run:
-        with_stuck = sum(1 for w in report.workflows if w["stuck_steps"])
-        line = f"{report.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
-        if report.finished:
-            line += f", {len(report.finished)} workflow(s) whose steps have all ended would be finished"
-        return line
-    return (
-        f"{report.steps} stuck workflow step(s) were settled, "
-        f"{len(report.finished)} workflow(s) were finished"
     )

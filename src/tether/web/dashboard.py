@@ -226,7 +226,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
     def _act(self, name: str, body: dict[str, Any], client: str) -> None:
         by = f"dashboard:{client}"
         try:
-            acted = actions.ACTIONS[name](self.server.broker, body, by)
+            acted = actions.ACTIONS[name](self.server, body, by)
         except (ApiError, InvalidOptionError) as exc:
             code, message = (exc.code, exc.message) if isinstance(exc, ApiError) else (400, str(exc))
             log.info("dashboard action %s from %s refused: %s", name, client, message)
