@@ -1,7 +1,7 @@
 // The overview (#/): what `tether status` shows, from /api/status, and manual recovery
 // (`tether recover`: a dry run first, then the real one when confirmed).
-import { countLink, el, link, route, seconds, table, taskLink, time } from "./dom.js";
-import { act, getJSON } from "./net.js";
+import { countLink, dryRunButton, el, link, route, seconds, table, taskLink, time } from "./dom.js";
+import { getJSON } from "./net.js";
 
 const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
 
@@ -56,36 +56,13 @@ export async function render(view, ctx) {
 
 // "Recover now…": the dry run says what recovery would do; "Recover" does it.
 function recover(ctx) {
-  const box = el("div", { class: "actions", id: "recover-box" });
-  const start = el("button", { type: "button", id: "recover" }, "Recover now…");
-  box.appendChild(start);
-  start.addEventListener("click", async () => {
-    ctx.hold(true);
-    start.disabled = true;
-    let dry;
-    try {
-      dry = await act("recover", { dry_run: true });
-    } catch (err) {
-      ctx.flash("recover: " + err.message, true);
-      start.disabled = false;
-      ctx.hold(false);
-      return;
-    }
-    const close = () => { panel.remove(); start.disabled = false; ctx.hold(false); };
-    const yes = el("button", { type: "button", class: "danger", id: "confirm-recover" }, "Recover");
-    const no = el("button", { type: "button" }, "Cancel");
-    const panel = el("div", { class: "panel", id: "recover-preview" },
-      el("p", { text: dry.message }),
-      dry.tasks.length ? el("p", {}, "Tasks: ",
-        ...dry.tasks.map(t => [taskLink(t.id), ` ${t.action} `])) : null,
-      el("div", { class: "actions" }, yes, no));
-    no.addEventListener("click", close);
-    yes.addEventListener("click", async () => {
-      yes.disabled = no.disabled = true;
-      close();
-      await ctx.act("recover", { dry_run: false });
-    });
-    box.appendChild(panel);
+  return dryRunButton(ctx, {
+    label: "Recover now…",
+    ids: { box: "recover-box", start: "recover", panel: "recover-preview", confirm: "confirm-recover" },
+    action: "recover",
+    body: {},
+    preview: dry => dry.tasks.length ? el("p", {}, "Tasks: ",
+      ...dry.tasks.map(t => [taskLink(t.id), ` ${t.action} `])) : null,
+    confirmLabel: () => "Recover",
   });
-  return box;
 }
