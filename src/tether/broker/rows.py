@@ -1,5 +1,5 @@
-"""The rows the broker reads that users read too: one type per shape, public under their
-tether names.
+"""The rows the broker reads that users read too, one type per shape, public under their
+tether names; and the list rows that share their columns (TaskSummary, WorkflowSummary).
 
 ``tether.TaskInfo``, ``tether.AttemptInfo``, ``tether.QueueInfo``, ``tether.WorkflowInfo``,
 ``tether.StepInfo`` and the bulk retry's ``RetrySample`` are defined here, where the broker
