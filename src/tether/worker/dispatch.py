@@ -57,26 +57,30 @@ class Dispatcher:
         holdings: Holdings,
         time_limits: TimeLimits,
         recorder: Recorder,
+        supervisor: Supervisor,
         on_change: Callable[[], None],
+        stopping: asyncio.Event,
     ) -> None:
         self.lanes = lanes
         self.holdings = holdings
         self.time_limits = time_limits
         self.recorder = recorder
+        self.supervisor = supervisor  # no child before its start(): then there is nothing to do
         self.on_change = on_change  # a slot may have freed up: the claim loop looks again
-        self.supervisor: Supervisor | None = None  # set once the children are started
-        self.stopping = False
+        self._stopping = stopping  # the worker is stopping: hand out nothing more
         self.tasks_done = 0
         self.no_children = asyncio.Event()
         self.recording = TaskSet("recording a dead child's tasks")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def idle(self, slot: ChildSlot) -> bool:
         return slot.ready and slot.kind == "sync" and self.holdings.current(slot.index) is None
 
     def hand_out(self) -> None:
         """Give unhanded tasks to idle children, then push the next ones to busy children."""
-        if self.supervisor is None:
-            return
         if self.holdings.unhanded_async and not self.stopping:
             self._hand_out_async()
         sup, held = self.supervisor, self.holdings
@@ -115,7 +119,6 @@ class Dispatcher:
 
     def _hand_out_async(self) -> None:
         """Top every ready async child up to what it may hold, in one message each."""
-        assert self.supervisor is not None
         held, limit = self.holdings, self.lanes.async_per_child
         for slot in self.supervisor.alive():
             if slot.kind != "async" or not slot.ready or not held.unhanded_async:
@@ -128,7 +131,6 @@ class Dispatcher:
     def stop_idle_children(self) -> None:
         """Graceful stop: children with nothing to do exit now; busy ones after their task.
         An async child gives back what it has not started and exits once its tasks end."""
-        assert self.supervisor is not None
         for slot in self.supervisor.alive():
             if self.idle(slot) or (slot.kind == "async" and slot.ready):
                 self.supervisor.send(slot, protocol.STOP)
@@ -136,7 +138,6 @@ class Dispatcher:
     # -- what the children say ---------------------------------------------------------
 
     def on_message(self, slot: ChildSlot, msg: dict[str, Any]) -> None:
-        assert self.supervisor is not None
         held, op = self.holdings, msg["op"]
         if op == protocol.READY:
             slot.ready = True
@@ -176,7 +177,6 @@ class Dispatcher:
         self.tasks_done += len(msg["done"])
 
     def _answer_next(self, slot: ChildSlot) -> None:
-        assert self.supervisor is not None
         if self.holdings.queued(slot.index):
             return  # a RUN pushed to this child already answers its question
         if self.stopping:
@@ -204,8 +204,6 @@ class Dispatcher:
             how = slot.crash_reason or "the worker process running this task died"
             who = f"{slot.kind} child {slot.index} (pid {slot.pid})"
             self.recording.start(self._record_crash(who, held, slot.killed_for, how))
-        if self.supervisor is None:
-            return
         if not self.stopping:
             self.supervisor.spawn(slot.index)
         elif not self.supervisor.alive():
@@ -235,7 +233,6 @@ class Dispatcher:
 
     async def kill_children(self) -> None:
         """Kill every child still alive and wait until their tasks are recorded."""
-        assert self.supervisor is not None
         if self.supervisor.alive():
             self.supervisor.kill_all()
             await self.no_children.wait()
