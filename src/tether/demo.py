@@ -128,8 +128,9 @@ def _batch(console: Console, count: int, worker: subprocess.Popen[bytes]) -> boo
     counts = app.broker.run(lambda conn: count_status_of(conn, ids))
     sample = handles[0].get(timeout=5)
     console.print(f"   first result: {sample.ok if sample.is_ok else sample.err}")
-    console.print(f"   {done} of {count} finished in {elapsed:.2f}s (workers still warming up): {counts}")
-    return counts.get("COMPLETED", 0) == count
+    shown = {status.value: n for status, n in counts.items()}
+    console.print(f"   {done} of {count} finished in {elapsed:.2f}s (workers still warming up): {shown}")
+    return counts.get(TaskStatus.COMPLETED, 0) == count
 
 
 def _crash(
@@ -212,12 +213,12 @@ def _state(info: TaskInfo) -> str:
 
 def _why(info: TaskInfo) -> str:
     attempts = info.attempts
-    if info.status.value not in ("PENDING", "FAILED") or not attempts:
+    if info.status not in (TaskStatus.PENDING, TaskStatus.FAILED) or not attempts:
         return ""
     if attempts[-1].error_code != ErrorCode.WORKER_CRASHED:
         return ""
     last = attempts[-1]
-    rule = "retry scheduled" if last.will_retry else "FAILED"
+    rule = "retry scheduled" if last.will_retry else TaskStatus.FAILED.value
     return f"  <- {rule}: {last.error_message}"
 
 
@@ -286,7 +287,7 @@ def _watch(console: Console, ids: list[UUID], count: int, worker: subprocess.Pop
         deadline = time.monotonic() + 120
         while finished < count and time.monotonic() < deadline and worker.poll() is None:
             counts = app.broker.run(lambda conn: count_status_of(conn, ids))
-            finished = counts.get("COMPLETED", 0) + counts.get("FAILED", 0)
+            finished = counts.get(TaskStatus.COMPLETED, 0) + counts.get(TaskStatus.FAILED, 0)
             progress.update(bar, completed=finished)
             time.sleep(0.1)
     return finished

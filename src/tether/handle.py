@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from tether import cancelling
 from tether.app_view import AppView
 from tether.broker import tasks
-from tether.broker.tasks import AttemptInfo as AttemptInfo  # public as tether.AttemptInfo
+
+# Public as tether.AttemptInfo and tether.TaskInfo (and importable from here, as always).
+from tether.broker.rows import AttemptInfo as AttemptInfo
+from tether.broker.rows import TaskInfo as TaskInfo
+from tether.broker.rows import result_from_row
 from tether.cancelling import CancelReply
-from tether.codec import decode_result
 from tether.errors import TaskNotFoundError
 from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
@@ -20,60 +21,6 @@ from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_asyn
 from tether.retrying import RetryAnswer, retry_task
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class TaskInfo:
-    """One task's row, with its attempts. All timestamps are database time."""
-
-    id: uuid.UUID
-    name: str
-    queue: str
-    priority: int
-    status: TaskStatus
-    attempt: int
-    retry_count: int
-    max_retries: int
-    error_code: str | None
-    claimed_by_worker_id: str | None
-    good_until: datetime | None
-    unique_key: str | None  # the key it was sent with (docs/tasks.md#unique-sends), or None
-    sent_at: datetime
-    enqueued_at: datetime
-    claimed_at: datetime | None
-    started_at: datetime | None
-    completed_at: datetime | None
-    failed_at: datetime | None
-    cancelled_at: datetime | None
-    expired_at: datetime | None
-    next_retry_at: datetime | None
-    updated_at: datetime
-    progress: dict[str, Any] | None
-    progress_at: datetime | None
-    result: TaskResult[Any, TaskError] | None
-    attempts: tuple[AttemptInfo, ...]
-    schedule_name: str | None = None  # sent by this schedule (app.periodic) ...
-    schedule_slot: datetime | None = None  # ... for this slot (UTC); None for other tasks
-    cancel_requested_at: datetime | None = None  # when a cancel was first asked for (or None) ...
-    cancel_requested_by: str | None = None  # ... and by whom, when known
-
-
-def result_from_row(status: str, stored: Any) -> TaskResult[Any, TaskError] | None:
-    """The TaskResult a terminal row stands for; None while the task is not terminal."""
-    st = TaskStatus(status)
-    if not st.is_terminal:
-        return None
-    if stored is not None:
-        return decode_result(stored)
-    if st is TaskStatus.EXPIRED:
-        return TaskResult(
-            err=TaskError(ErrorCode.TASK_EXPIRED, "good_until passed before a worker claimed it")
-        )
-    if st is TaskStatus.CANCELLED:
-        return TaskResult(err=TaskError(ErrorCode.TASK_CANCELLED, "cancelled before it ran"))
-    return TaskResult(
-        err=TaskError(ErrorCode.RESULT_NOT_AVAILABLE, f"task is {st.value} but has no stored result")
-    )
 
 
 class TaskHandle(Generic[T]):
@@ -112,11 +59,10 @@ class TaskHandle(Generic[T]):
         return _status(self.id, await in_thread(self._get_status))
 
     def info(self) -> TaskInfo:
-        row = self.app.broker.run(lambda conn: tasks.get_task(conn, self.id))
-        if row is None:
+        info = self.app.broker.run(lambda conn: tasks.get_task(conn, self.id))
+        if info is None:
             raise _not_found(self.id)
-        attempts = self.app.broker.run(lambda conn: tasks.get_attempts(conn, self.id))
-        return _info(row, attempts)
+        return info
 
     def cancel(self, *, by: str | None = None) -> CancelReply:
         """Cancel the task, whatever it is doing (docs/tasks.md#cancelling-a-running-task).
@@ -195,7 +141,7 @@ def _not_found(task_id: uuid.UUID) -> TaskNotFoundError:
 def _status(task_id: uuid.UUID, state: tasks.TaskState | None) -> TaskStatus:
     if state is None:
         raise _not_found(task_id)
-    return TaskStatus(state.status)
+    return state.status
 
 
 def _result_or_missing(
@@ -210,38 +156,3 @@ def _result_or_missing(
             )
         )
     return result_from_row(state.status, state.result)
-
-
-def _info(row: tasks.TaskRow, attempts: list[AttemptInfo]) -> TaskInfo:
-    return TaskInfo(
-        id=row.id,
-        name=row.name,
-        queue=row.queue,
-        priority=row.priority,
-        status=TaskStatus(row.status),
-        attempt=row.attempt,
-        retry_count=row.retry_count,
-        max_retries=row.max_retries,
-        error_code=row.error_code,
-        claimed_by_worker_id=row.claimed_by_worker_id,
-        good_until=row.good_until,
-        unique_key=row.unique_key,
-        sent_at=row.sent_at,
-        enqueued_at=row.enqueued_at,
-        claimed_at=row.claimed_at,
-        started_at=row.started_at,
-        completed_at=row.completed_at,
-        failed_at=row.failed_at,
-        cancelled_at=row.cancelled_at,
-        expired_at=row.expired_at,
-        next_retry_at=row.next_retry_at,
-        updated_at=row.updated_at,
-        progress=row.progress,
-        progress_at=row.progress_at,
-        result=result_from_row(row.status, row.result),
-        attempts=tuple(attempts),
-        schedule_name=row.schedule_name,
-        schedule_slot=row.schedule_slot,
-        cancel_requested_at=row.cancel_requested_at,
-        cancel_requested_by=row.cancel_requested_by,
-    )

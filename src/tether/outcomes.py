@@ -15,12 +15,12 @@ from typing import Any
 from tether import codec
 from tether.config import RetryPolicy
 from tether.errors import SerializationError
-from tether.result import ErrorCode, TaskError, TaskResult
+from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # COMPLETED | FAILED | CANCELLED
+    status: TaskStatus  # COMPLETED | FAILED | CANCELLED
     result_json: str
     error_code: str | None
     error_message: str | None
@@ -31,9 +31,9 @@ class Outcome:
         return self.retry_delay_s is not None
 
     @property
-    def settles_as(self) -> str:
+    def settles_as(self) -> TaskStatus:
         """The status the row has once this outcome is recorded."""
-        return "PENDING" if self.will_retry else self.status
+        return TaskStatus.PENDING if self.will_retry else self.status
 
 
 def retry_delay(retry_policy_json: str | None, retry_count: int, code: str) -> float | None:
@@ -65,7 +65,7 @@ def failure(error: TaskError, retry_policy_json: str | None, retry_count: int) -
         result_json = codec.encode_result(TaskResult(err=error))
     code = str(error.code)
     return Outcome(
-        "FAILED", result_json, code, error.message, retry_delay(retry_policy_json, retry_count, code)
+        TaskStatus.FAILED, result_json, code, error.message, retry_delay(retry_policy_json, retry_count, code)
     )
 
 
@@ -74,7 +74,7 @@ def cancelled(message: str, data: Any = None) -> Outcome:
     ignoring one). Final: a cancelled task is never retried."""
     error = TaskError(ErrorCode.TASK_CANCELLED, printable(message), storable(data))
     return Outcome(
-        "CANCELLED", codec.encode_result(TaskResult(err=error)), str(error.code), error.message, None
+        TaskStatus.CANCELLED, codec.encode_result(TaskResult(err=error)), str(error.code), error.message, None
     )
 
 

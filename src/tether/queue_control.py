@@ -15,33 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 
 from tether.broker import PostgresBroker, queues
+from tether.broker.rows import QueueInfo as QueueInfo  # public as tether.QueueInfo
 from tether.errors import InvalidOptionError
 from tether.names import check_by, check_queue_name
-from tether.result import TaskStatus
 
 log = logging.getLogger("tether.queue_control")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueInfo:
-    """One queue as ``tether queues`` shows it.
-
-    counts: tasks per status, every status present (0 when none). oldest_pending_age_s:
-    how long the oldest PENDING task that is due has waited since it became due, in
-    database time (None: none is due). paused_at / paused_by: since when and by whom the
-    queue is paused (None when it is not, or when nobody was named).
-    """
-
-    queue: str
-    counts: dict[str, int]
-    oldest_pending_age_s: float | None
-    paused: bool
-    paused_at: datetime | None
-    paused_by: str | None
 
 
 def pause_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -> bool:
@@ -84,15 +64,4 @@ def list_queues(broker: PostgresBroker, *, also: Sequence[str] = ()) -> list[Que
         raise InvalidOptionError(f"also must be a sequence of queue names, not the string {also!r}")
     for name in also:
         check_queue_name(name, "also")
-    rows = broker.run(lambda conn: queues.queue_overview(conn, list(also)))
-    return [
-        QueueInfo(
-            queue=row.queue,
-            counts={status.value: row.counts.get(status.value, 0) for status in TaskStatus},
-            oldest_pending_age_s=row.oldest_pending_age_s,
-            paused=row.paused,
-            paused_at=row.paused_at,
-            paused_by=row.paused_by,
-        )
-        for row in rows
-    ]
+    return broker.run(lambda conn: queues.queue_overview(conn, list(also)))

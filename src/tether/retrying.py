@@ -22,12 +22,13 @@ from typing import Any
 
 from tether.broker import PostgresBroker, retries, tasks, workflows
 from tether.broker.answers import Answer
-from tether.broker.retries import RETRYABLE, Candidate, Criteria, TaskToRetry
+from tether.broker.retries import RETRYABLE, Criteria, TaskToRetry
+from tether.broker.rows import RetrySample as RetrySample  # what a bulk retry's sample holds
 from tether.broker.types import Conn
 from tether.errors import InvalidOptionError, TaskNotFoundError
 from tether.ids import parse_task_id
 from tether.names import check_by, check_queue_name, check_task_name
-from tether.result import TaskStatus
+from tether.result import TaskStatus, WorkflowStatus
 from tether.workflow import reopen
 
 log = logging.getLogger("tether.retry")
@@ -49,7 +50,7 @@ class RetryFilter:
     retry started are never taken.
     """
 
-    statuses: tuple[str, ...] = ("FAILED",)
+    statuses: tuple[str, ...] = (TaskStatus.FAILED,)  # TaskStatus members, or their names
     queue: str | None = None
     name: str | None = None
     error_code: str | None = None
@@ -67,25 +68,13 @@ class RetryAnswer:
     status: TaskStatus
     reason: str
     workflow_id: uuid.UUID | None = None  # the workflow of a step
-    workflow_status: str | None = None  # that workflow's status after the call
+    workflow_status: WorkflowStatus | None = None  # that workflow's status after the call
 
 
 # The answers of the retrying requests, as PostgresBroker.run_request records them: a retry
 # whose answer was lost with its connection says what it did, not "it is PENDING".
 RETRY_ANSWER: Answer[RetryAnswer] = Answer(RetryAnswer)
 RETRIED_ANSWER: Answer[list[retries.Retried]] = Answer(list[retries.Retried])
-
-
-@dataclass(frozen=True)
-class RetrySample:
-    """A task a bulk retry matched, as it was before the retry (``finished_at``: when it ended)."""
-
-    id: uuid.UUID
-    name: str
-    queue: str
-    status: TaskStatus
-    error_code: str | None
-    finished_at: datetime
 
 
 @dataclass(frozen=True)
@@ -133,7 +122,7 @@ def _retry_plain(conn: Conn, task: TaskToRetry) -> RetryAnswer:
     if row is not None and row.retried:
         return RetryAnswer(task.id, True, TaskStatus.PENDING, _RETRIED)
     if row is not None and row.holder is not None:
-        return RetryAnswer(task.id, False, TaskStatus(task.status), _key_held(task.unique_key, row.holder))
+        return RetryAnswer(task.id, False, task.status, _key_held(task.unique_key, row.holder))
     # Its status changed since it was read (another retry won the race).
     now = retries.task_to_retry(conn, task.id)
     if now is None:
@@ -150,20 +139,20 @@ def _retry_step(conn: Conn, task_id: uuid.UUID, workflow_id: uuid.UUID) -> Retry
             raise _not_found(task_id)
         if task.status not in RETRYABLE:
             return _wrong_status(task_id, task.status, workflow_id, None if wf is None else wf.status)
-        status = TaskStatus(task.status)
+        status = task.status
 
-        def refused(reason: str, wf_status: str | None = None) -> RetryAnswer:
+        def refused(reason: str, wf_status: WorkflowStatus | None = None) -> RetryAnswer:
             return RetryAnswer(task_id, False, status, f"not retried: {reason}", workflow_id, wf_status)
 
         if wf is None:
             return refused(f"its workflow {workflow_id} no longer exists (pruned by retention?)")
-        if wf.status == "CANCELLED":
+        if wf.status is WorkflowStatus.CANCELLED:
             return refused(
                 f"its workflow {workflow_id} ({wf.name}) was cancelled, and nothing new starts in "
                 "a cancelled workflow (start a new workflow instead)",
                 wf.status,
             )
-        if wf.status == "COMPLETED":
+        if wf.status is WorkflowStatus.COMPLETED:
             return refused(f"its workflow {workflow_id} ({wf.name}) has completed", wf.status)
         workflows.plan_as_lookups(conn)
         step = next(iter(retries.steps(conn, workflow_id, [task_id])), None)
@@ -229,7 +218,7 @@ def retry_tasks(
         log.info(
             "bulk retry (dry run) asked by %s: %d task(s) match %s", by or "unknown", matched, _shown(wanted)
         )
-        return BulkRetry(matched, 0, 0, True, [_sample(c) for c in first])
+        return BulkRetry(matched, 0, 0, True, first)
     done = _Progress(sample_size)
     after: uuid.UUID | None = None
     while True:
@@ -260,13 +249,13 @@ def retry_tasks(
     return BulkRetry(done.matched, done.retried, done.skipped, False, done.sample, done.skips)
 
 
-def _bulk_step(broker: PostgresBroker, c: Candidate) -> RetryAnswer:
+def _bulk_step(broker: PostgresBroker, c: RetrySample) -> RetryAnswer:
     assert c.workflow_id is not None
     workflow_id = c.workflow_id
     try:
         return broker.run_request(lambda conn: _retry_step(conn, c.id, workflow_id), RETRY_ANSWER)
     except TaskNotFoundError:
-        return RetryAnswer(c.id, False, TaskStatus(c.status), "not retried: it was deleted meanwhile")
+        return RetryAnswer(c.id, False, c.status, "not retried: it was deleted meanwhile")
 
 
 @dataclass
@@ -278,12 +267,12 @@ class _Progress:
     sample: list[RetrySample] = field(default_factory=list)
     skips: list[RetryAnswer] = field(default_factory=list)
 
-    def matched_page(self, page: list[Candidate]) -> None:
+    def matched_page(self, page: list[RetrySample]) -> None:
         self.matched += len(page)
         room = self.sample_size - len(self.sample)
-        self.sample += [_sample(c) for c in page[: max(room, 0)]]
+        self.sample += page[: max(room, 0)]
 
-    def plain(self, page: list[Candidate], rows: dict[uuid.UUID, retries.Retried]) -> None:
+    def plain(self, page: list[RetrySample], rows: dict[uuid.UUID, retries.Retried]) -> None:
         for c in page:
             row = rows.get(c.id)
             if row is not None and row.retried:
@@ -296,7 +285,7 @@ class _Progress:
                     if row is not None and row.holder is not None
                     else "not retried: its status changed meanwhile"
                 )
-                self.skips.append(RetryAnswer(c.id, False, TaskStatus(c.status), reason))
+                self.skips.append(RetryAnswer(c.id, False, c.status, reason))
 
     def step(self, answer: RetryAnswer) -> None:
         if answer.retried:
@@ -330,7 +319,7 @@ def _check_filter(value: Any) -> RetryFilter:
     return RetryFilter(statuses, value.queue, value.name, value.error_code, since, until)
 
 
-def _check_statuses(value: Any) -> tuple[str, ...]:
+def _check_statuses(value: Any) -> tuple[TaskStatus, ...]:
     items: Iterable[Any] = (value,) if isinstance(value, str) else value
     try:
         given = [str(s).upper() if isinstance(s, str) else s for s in items]
@@ -343,7 +332,7 @@ def _check_statuses(value: Any) -> tuple[str, ...]:
             raise InvalidOptionError(
                 f"filter.statuses: {status!r} cannot be retried; give one or more of {', '.join(RETRYABLE)}"
             )
-    return tuple(dict.fromkeys(given))
+    return tuple(dict.fromkeys(TaskStatus(s) for s in given))
 
 
 def _check_text(name: str, value: Any) -> None:
@@ -378,20 +367,20 @@ def _resolve(wanted: RetryFilter, now: datetime) -> Criteria:
         raise InvalidOptionError(
             f"filter.since ({since}) must be before filter.until ({until}; the database's time is {now})"
         )
-    return Criteria(wanted.statuses, wanted.queue, wanted.name, wanted.error_code, since, until)
-
-
-def _sample(c: Candidate) -> RetrySample:
-    return RetrySample(c.id, c.name, c.queue, TaskStatus(c.status), c.error_code, c.finished_at)
+    statuses = tuple(TaskStatus(s) for s in wanted.statuses)  # checked: each is retryable
+    return Criteria(statuses, wanted.queue, wanted.name, wanted.error_code, since, until)
 
 
 def _wrong_status(
-    task_id: uuid.UUID, status: str, workflow_id: uuid.UUID | None = None, wf_status: str | None = None
+    task_id: uuid.UUID,
+    status: TaskStatus,
+    workflow_id: uuid.UUID | None = None,
+    wf_status: WorkflowStatus | None = None,
 ) -> RetryAnswer:
     return RetryAnswer(
         task_id,
         False,
-        TaskStatus(status),
+        status,
         f"not retried: it is {status} (only FAILED, CANCELLED and EXPIRED tasks can be retried)",
         workflow_id,
         wf_status,

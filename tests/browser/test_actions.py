@@ -1,5 +1,6 @@
 """The dashboard's actions, clicked in a real browser against real workers: cancel a running
-task, retry a failed one (and a batch by filter), pause and resume a queue."""
+task, retry a failed one (and a batch by filter), pause and resume a queue, recover the task
+of a killed worker."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 from playwright.sync_api import Page, expect
 
 from tests.apps.support import task_row
@@ -17,6 +19,14 @@ from tests.conftest import WorkerFactory, wait_until
 
 APP = "tests.browser.app:app"
 expect.set_options(timeout=WAIT * 1000)
+
+#: Recovery in seconds: heartbeats every second, stale after two (RecoveryConfig reads TETHER_*).
+FAST_RECOVERY = {
+    "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "1000",
+    "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": "1000",
+    "TETHER_CLAIMED_STALE_THRESHOLD_MS": "2000",
+    "TETHER_RUNNING_STALE_THRESHOLD_MS": "2000",
+}
 
 
 def status_cell(page: Page) -> Any:
@@ -145,3 +155,40 @@ def test_pause_a_queue_and_see_no_claim_then_resume(
     log = dashboard.log()
     assert "dashboard action pause-queue on queue images from 127.0.0.1: queue images paused" in log
     assert "dashboard action resume-queue on queue images from 127.0.0.1: queue images resumed" in log
+
+
+def test_recover_the_task_of_a_killed_worker_after_a_dry_run(
+    ui: ModuleType,
+    workers: WorkerFactory,
+    page: Page,
+    db: psycopg.Connection[Any],
+    database_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Recovery in seconds (the worker's heartbeats, the dashboard's thresholds: TETHER_*).
+    for name, value in FAST_RECOVERY.items():
+        monkeypatch.setenv(name, value)
+    worker = workers.start(APP, "--queues", "default", "--processes", "1")
+    handle = ui.until_cancelled.send(120)
+    wait_until(lambda: handle.status().value == "RUNNING", WAIT, message="the task to run")
+    worker.kill()  # SIGKILL to its process group: no worker is left to reap the task
+    (tmp_path / "dashboard").mkdir()
+    dashboard = DashboardProcess(database_url, tmp_path / "dashboard", TOKEN).start("--app", APP)
+    try:
+        page.goto(dashboard.url)
+        unlock(page)
+        expect(page.locator("#stale")).to_contain_text(str(handle.id)[:8])  # silent past 2 s
+        page.click("#recover")
+        preview = page.locator("#recover-preview")
+        expect(preview).to_contain_text("dry run: 1 stale task(s) would be recovered")
+        expect(preview).to_contain_text("FAILED (WORKER_CRASHED)")
+        assert task_row(db, handle.id)["status"] == "RUNNING"  # the dry run changed nothing
+        page.click("#confirm-recover")
+        expect(page.locator("#flash")).to_contain_text("1 stale task(s) were recovered")
+        expect(page.locator("#stale td.empty")).to_have_text("none")
+        row = task_row(db, handle.id)
+        assert (row["status"], row["error_code"]) == ("FAILED", "WORKER_CRASHED")
+        assert "dashboard action recover on stale tasks and workflows from 127.0.0.1" in dashboard.log()
+    finally:
+        dashboard.stop()

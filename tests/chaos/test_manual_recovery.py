@@ -1,12 +1,19 @@
 """What an operator sees and does after a worker is killed with nothing left to recover it.
 
 The only worker is killed -9 (no survivor, so no reaper): ``broker.get_stale_tasks`` lists
-its RUNNING tasks as typed rows, and ``tether recover --json`` applies the reaper's rules
-once, reporting each task, its action and the silent worker it marked inactive.
+its RUNNING tasks as typed rows, the dashboard's recover action (a dry run) says what
+recovery would do, and ``tether recover --json`` applies the reaper's rules once, reporting
+each task, its action and the silent worker it marked inactive: one manual-recovery function
+behind the three doors.
 """
 
 from __future__ import annotations
 
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -16,7 +23,37 @@ from tests.apps.support import task_row
 from tests.chaos.conftest import APP, FAST, HEARTBEAT_S, last_heartbeat, runs, token, worker_row
 from tests.cli_support import run_json
 from tests.conftest import WorkerFactory, wait_until
-from tether import StaleTask
+from tether import RecoveryConfig, StaleTask
+from tether.broker import PostgresBroker
+from tether.web.dashboard import DashboardServer
+
+DASHBOARD_TOKEN = "recover-test-token"
+
+
+@contextmanager
+def dashboard(broker: PostgresBroker) -> Iterator[DashboardServer]:
+    """A dashboard in this process, with the recovery thresholds of the environment (FAST)."""
+    server = DashboardServer(("127.0.0.1", 0), broker, RecoveryConfig(), token=DASHBOARD_TOKEN)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def recover_action(server: DashboardServer, *, dry_run: bool) -> dict[str, Any]:
+    """POST the dashboard's recover action; its JSON answer."""
+    request = urllib.request.Request(
+        server.url + "api/actions/recover",
+        data=json.dumps({"dry_run": dry_run}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {DASHBOARD_TOKEN}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
 
 
 def test_stale_tasks_of_a_killed_worker_are_listed_then_recovered_by_tether_recover(
@@ -73,9 +110,22 @@ def test_stale_tasks_of_a_killed_worker_are_listed_then_recovered_by_tether_reco
         timeout=15,
         message="A's heartbeat to be three intervals old",
     )
+    # The dashboard's door, as a dry run: what recovery would do, and nothing changes.
+    with dashboard(chaos.app.broker) as server:
+        dry = recover_action(server, dry_run=True)
+    assert (dry["ok"], dry["changed"], dry["dry_run"]) == (True, False, True)
+    assert dry["message"].startswith("dry run: 3 stale task(s) would be recovered")
+    assert dry["message"].endswith("; nothing changed")
+    assert [(w["id"], w["pid"]) for w in dry["workers_deactivated"]] == [(a.worker_id, a.proc.pid)]
+    assert task_row(db, fail.id)["status"] == "RUNNING" and task_row(db, claimed.id)["status"] == "CLAIMED"
+    assert worker_row(db, a.worker_id)["status"] == "active"
+
     done = run_json(
         database_url, "recover", "--claimed-threshold-ms", "1000", "--running-threshold-ms", "1000"
     )
+    # The same report from both doors, the same decisions (the CLI's is the real run).
+    assert set(dry) - {"ok", "changed", "message"} == set(done)
+    assert {t["id"]: t["action"] for t in dry["tasks"]} == {t["id"]: t["action"] for t in done["tasks"]}
     actions = {t["id"]: t for t in done["tasks"]}
     assert set(actions) == {str(fail.id), str(retry.id), str(claimed.id)}
     assert actions[str(fail.id)]["action"] == "FAILED (WORKER_CRASHED)"
@@ -96,3 +146,6 @@ def test_stale_tasks_of_a_killed_worker_are_listed_then_recovered_by_tether_reco
     assert task_row(db, claimed.id)["status"] == "PENDING"
     assert worker_row(db, a.worker_id)["status"] == "inactive"
     assert chaos.app.broker.get_stale_tasks_sync(stale_threshold_minutes=1 / 60) == []
+    with dashboard(chaos.app.broker) as server:
+        again = recover_action(server, dry_run=False)
+    assert (again["changed"], again["tasks"], again["workers_deactivated"]) == (False, [], [])

@@ -165,6 +165,8 @@ def test_workflows_lists_each_status_newest_first_with_filters(
         "steps_done",
         "steps_failed",
         "created_at",
+        "updated_at",
+        "paused_at",
         "finished_at",
     }
     f = by_id[str(failed.id)]

@@ -28,9 +28,9 @@ from tether.worker.recorder import Recorder
 NO_ASYNC_LANE = {"async_limit": 0, "async_names": []}
 
 A, B = "host-1-aaaa", "host-2-bbbb"
-COMPLETED = Outcome("COMPLETED", '{"ok": 3}', None, None, None)
-FAILED = Outcome("FAILED", '{"err": {"code": "X", "message": "m", "data": null}}', "X", "m", None)
-RETRY = Outcome("FAILED", '{"err": {"code": "X", "message": "m", "data": null}}', "X", "m", 0.0)
+COMPLETED = Outcome(TaskStatus.COMPLETED, '{"ok": 3}', None, None, None)
+FAILED = Outcome(TaskStatus.FAILED, '{"err": {"code": "X", "message": "m", "data": null}}', "X", "m", None)
+RETRY = Outcome(TaskStatus.FAILED, '{"err": {"code": "X", "message": "m", "data": null}}', "X", "m", 0.0)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from tether import outcomes
 from tether.config import RetryPolicy
 from tether.outcomes import Outcome
-from tether.result import ErrorCode, TaskError
+from tether.result import ErrorCode, TaskError, TaskStatus
 
 
 def policy_json(policy: RetryPolicy) -> str:
@@ -132,7 +132,7 @@ def test_crashed_is_worker_crashed_with_the_policy_applied() -> None:
 
 
 def test_a_completed_outcome_settles_as_completed() -> None:
-    outcome = Outcome("COMPLETED", '{"ok":1}', None, None, None)
+    outcome = Outcome(TaskStatus.COMPLETED, '{"ok":1}', None, None, None)
     assert (outcome.will_retry, outcome.settles_as) == (False, "COMPLETED")
 
 
@@ -200,3 +200,13 @@ def test_an_unserialisable_payload_alone_keeps_the_message() -> None:
     assert json.loads(outcome.result_json) == {
         "err": {"code": "BOOM", "message": "fine message", "data": "<odd \\x00 \\ud800>"}
     }
+
+
+def test_outcome_statuses_are_task_status_members() -> None:
+    """The rule hands the recorder and the reaper enum members, which they compare with ``is``."""
+    failed = outcomes.failure(TaskError("BOOM", "bad"), None, 0)
+    retried = outcomes.crashed(FIXED, 1, "gone")
+    cancelled = outcomes.cancelled("stop")
+    assert failed.status is TaskStatus.FAILED and failed.settles_as is TaskStatus.FAILED
+    assert retried.status is TaskStatus.FAILED and retried.settles_as is TaskStatus.PENDING
+    assert cancelled.status is TaskStatus.CANCELLED and cancelled.settles_as is TaskStatus.CANCELLED

@@ -1,5 +1,10 @@
 """PostgresBroker: the app's door to the database (pools, schema check, run(work) with retry).
 
+Transport only: where the database is, its pool, running work on it (run, run_request,
+connection, connect), which database it is (identity), closing. What is read or written is
+in the broker's other modules; the overview of `tether status` is broker/status.py, and the
+seed's manual-recovery calls kept here are thin doors to broker/manual_recovery.py.
+
 One sync pool serves every caller; async APIs run it in a thread. (psycopg's
 async pool belongs to one event loop, and one left behind by a finished loop
 never closes cleanly: a process that calls asyncio.run() repeatedly would hang
@@ -19,17 +24,16 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.broker import answers, recovery, schedules, tasks, workers
+from tether.broker import answers, manual_recovery
 from tether.broker.identity import DatabaseIdentity, database_identity
-from tether.broker.tasks import Failure, QueueCount
-from tether.broker.workers import WorkerSummary
+from tether.broker.manual_recovery import Rules, check_positive
+from tether.broker.recovery import StaleTask
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
@@ -38,18 +42,6 @@ log = logging.getLogger("tether.broker")
 
 Row = dict[str, Any]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class StatusSnapshot:
-    """What `tether status` and the dashboard show; ``dataclasses.asdict`` gives their JSON."""
-
-    counts: list[QueueCount]
-    workers: list[WorkerSummary]
-    stale_tasks: list[recovery.StaleTask]  # RUNNING, no runner heartbeat past the threshold
-    running_stale_threshold_s: float
-    recent_failures: list[Failure] | None  # None unless asked for
-    schedules: list[schedules.ScheduleInfo] | None = None  # None unless asked for
 
 
 class _AnsweredMeanwhile(Exception):
@@ -219,47 +211,34 @@ class PostgresBroker:
                 raise unreachable(self.url, exc) from exc
         raise unreachable(self.url, RuntimeError("every pooled connection was dead"))
 
-    # -- manual recovery (operators) ------------------------------------------
-    # Async as in the seed documents, with sync twins; each uses the reaper's rules.
+    # -- the seed's manual recovery (docs/internals.md "The seed contract") ----------
+    # Async as in the seed documents, with sync twins: thin doors to manual_recovery, which
+    # `tether recover` and the dashboard use too.
 
-    def status_snapshot(
-        self, running_stale_threshold_ms: int, *, failures: int = 0, with_schedules: bool = False
-    ) -> StatusSnapshot:
-        """What `tether status` shows (and the dashboard, with the latest ``failures`` failures
-        and the schedules of periodic tasks)."""
-        return StatusSnapshot(
-            counts=self.run(tasks.count_by_queue_status),
-            workers=self.run(lambda c: workers.list_workers(c, include_inactive=False, limit=100)),
-            stale_tasks=self.get_stale_tasks_sync(running_stale_threshold_ms / 60_000),
-            running_stale_threshold_s=running_stale_threshold_ms / 1000,
-            recent_failures=self.run(lambda c: tasks.recent_failures(c, failures)) if failures else None,
-            schedules=self.run(schedules.list_schedules) if with_schedules else None,
-        )
-
-    def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[recovery.StaleTask]:
+    def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[StaleTask]:
         """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""
-        _positive("stale_threshold_minutes", stale_threshold_minutes)
+        threshold_ms = check_positive("stale_threshold_minutes", stale_threshold_minutes) * 60_000
         with self.connection() as conn:
-            return recovery.stale_tasks(conn, stale_threshold_minutes * 60_000)
+            return manual_recovery.stale_tasks(conn, threshold_ms)
 
-    async def get_stale_tasks(self, stale_threshold_minutes: float = 5.0) -> list[recovery.StaleTask]:
+    async def get_stale_tasks(self, stale_threshold_minutes: float = 5.0) -> list[StaleTask]:
         return await asyncio.to_thread(self.get_stale_tasks_sync, stale_threshold_minutes)
 
     def mark_stale_tasks_as_failed_sync(self, stale_threshold_ms: int = 300_000) -> int:
         """Fail (or crash-retry, per each task's policy) RUNNING tasks silent past the threshold."""
-        _positive("stale_threshold_ms", stale_threshold_ms)
+        rules = Rules(running_threshold_ms=check_positive("stale_threshold_ms", stale_threshold_ms))
         with self.connection() as conn:
-            retried, failed = recovery.recover_stale_running(conn, stale_threshold_ms)
-        return len(retried) + len(failed)
+            done = manual_recovery.recover(conn, rules)
+        return len(done.retried) + len(done.failed)
 
     async def mark_stale_tasks_as_failed(self, stale_threshold_ms: int = 300_000) -> int:
         return await asyncio.to_thread(self.mark_stale_tasks_as_failed_sync, stale_threshold_ms)
 
     def requeue_stale_claimed_sync(self, stale_threshold_ms: int = 120_000) -> int:
         """Put CLAIMED tasks whose claimer went silent past the threshold back to PENDING."""
-        _positive("stale_threshold_ms", stale_threshold_ms)
+        rules = Rules(claimed_threshold_ms=check_positive("stale_threshold_ms", stale_threshold_ms))
         with self.connection() as conn:
-            return len(recovery.requeue_stale_claimed(conn, stale_threshold_ms))
+            return len(manual_recovery.recover(conn, rules).requeued)
 
     async def requeue_stale_claimed(self, stale_threshold_ms: int = 120_000) -> int:
         return await asyncio.to_thread(self.requeue_stale_claimed_sync, stale_threshold_ms)
@@ -312,8 +291,3 @@ def _pooled(pool: ConnectionPool[psycopg.Connection[Row]]) -> Iterator[psycopg.C
 def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
     if time.monotonic() - _returned_at.get(conn, 0.0) > CHECK_IF_IDLE_S:
         ConnectionPool.check_connection(conn)
-
-
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")

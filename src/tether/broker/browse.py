@@ -17,9 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from tether.broker.queries import q
-from tether.broker.tasks import TaskRow, get_task
+from tether.broker.rows import TaskInfo, TaskSummary, WorkflowSummary, with_status
+from tether.broker.tasks import get_task
 from tether.broker.types import Conn
-from tether.broker.workflows import WorkflowSummary
+from tether.result import TaskStatus, WorkflowStatus
 
 #: The cursor of a first page: every id is below it.
 TOP = uuid.UUID(int=(1 << 128) - 1)
@@ -37,7 +38,7 @@ class TaskFilter:
     """What a task list shows: every field optional. ``since``/``until`` bound the time the
     task was made (its id's UUIDv7 time), ``until`` excluded."""
 
-    statuses: Sequence[str] = ()
+    statuses: Sequence[TaskStatus] = ()
     queue: str | None = None
     name: str | None = None
     error_code: str | None = None
@@ -46,32 +47,13 @@ class TaskFilter:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskListRow:
-    id: uuid.UUID
-    name: str
-    queue: str
-    priority: int
-    status: str
-    attempt: int
-    retry_count: int
-    max_retries: int
-    error_code: str | None
-    sent_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    claimed_by_worker_id: str | None
-    workflow_id: uuid.UUID | None
-    cancel_requested_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
 class TaskDetail:
-    """A task's row (tasks.get_task's) and the workflow it is a step of, if any."""
+    """A task (tasks.get_task's, with its attempts) and the workflow it is a step of, if any."""
 
-    row: TaskRow
+    task: TaskInfo
     workflow_id: uuid.UUID | None
     workflow_name: str | None
-    workflow_status: str | None
+    workflow_status: WorkflowStatus | None
     step_name: str | None
 
 
@@ -82,7 +64,7 @@ class InFlight:
     id: uuid.UUID
     name: str
     queue: str
-    status: str
+    status: TaskStatus
     attempt: int
     claimed_at: datetime | None
     started_at: datetime | None
@@ -96,7 +78,7 @@ def limit_time(conn: Conn, ms: int) -> None:
     conn.execute(q("browse_time_limit"), {"ms": int(ms)})
 
 
-def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int) -> list[TaskListRow]:
+def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int) -> list[TaskSummary]:
     """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
     newest), newest first."""
     upper = before or TOP
@@ -112,30 +94,36 @@ def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, lim
         "limit": limit,
     }
     rows = conn.execute(q("browse_tasks"), params, prepare=False).fetchall()
-    return [TaskListRow(**row) for row in rows]
+    return [with_status(TaskSummary, row, TaskStatus) for row in rows]
 
 
 def task_detail(conn: Conn, task_id: uuid.UUID) -> TaskDetail | None:
-    row = get_task(conn, task_id)
-    if row is None:
+    task = get_task(conn, task_id)
+    if task is None:
         return None
     step = conn.execute(q("task_step"), {"id": task_id}).fetchone()
     if step is None:
-        return TaskDetail(row, None, None, None, None)
-    return TaskDetail(row, **step)
+        return TaskDetail(task, None, None, None, None)
+    return TaskDetail(
+        task,
+        step["workflow_id"],
+        step["workflow_name"],
+        WorkflowStatus(step["workflow_status"]),
+        step["step_name"],
+    )
 
 
 def browse_workflows(
-    conn: Conn, *, status: str | None, name: str | None, before: uuid.UUID | None, limit: int
+    conn: Conn, *, status: WorkflowStatus | None, name: str | None, before: uuid.UUID | None, limit: int
 ) -> list[WorkflowSummary]:
     """Up to ``limit`` workflows (exact status and name when given) with an id below
     ``before``, newest first."""
     params = {"before": before or TOP, "status": status, "name": name, "limit": limit}
     rows = conn.execute(q("browse_workflows"), params, prepare=False).fetchall()
-    return [WorkflowSummary(**row) for row in rows]
+    return [with_status(WorkflowSummary, row, WorkflowStatus) for row in rows]
 
 
 def in_flight(conn: Conn, limit: int) -> list[InFlight]:
     """Up to ``limit`` CLAIMED and RUNNING tasks, longest held first."""
     rows = conn.execute(q("browse_in_flight"), {"limit": limit}, prepare=False).fetchall()
-    return [InFlight(**row) for row in rows]
+    return [with_status(InFlight, row, TaskStatus) for row in rows]

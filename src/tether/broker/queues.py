@@ -1,7 +1,7 @@
 """Queue statements (queues.sql): pause, resume, whether a name is known, the overview.
 
 The public door is tether.queue_control (names checked, changes logged); these
-functions only read and write rows.
+functions only read and write rows. The overview's rows are tether.QueueInfo (broker/rows.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from datetime import datetime
 
 from tether.broker.answers import Answer
 from tether.broker.queries import q
+from tether.broker.rows import QueueInfo
 from tether.broker.types import Conn
 
 
@@ -26,18 +27,6 @@ class Pause:
 
 #: The answer of pause_queue and resume_queue, as PostgresBroker.run_request records it.
 PAUSE_ANSWER: Answer[Pause | None] = Answer(Pause | None)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueOverview:
-    """One queue as the overview reads it; counts leaves out the statuses with no task."""
-
-    queue: str
-    counts: dict[str, int]
-    oldest_pending_age_s: float | None
-    paused: bool
-    paused_at: datetime | None
-    paused_by: str | None
 
 
 def pause_queue(conn: Conn, queue: str, by: str | None) -> Pause | None:
@@ -65,17 +54,7 @@ def queue_known(conn: Conn, queue: str) -> bool:
     return bool(row is not None and row["known"])
 
 
-def queue_overview(conn: Conn, also: Sequence[str] = ()) -> list[QueueOverview]:
+def queue_overview(conn: Conn, also: Sequence[str] = ()) -> list[QueueInfo]:
     """Every queue with tasks, every paused queue and every name in ``also``, by name."""
     rows = conn.execute(q("queue_overview"), {"also": list(also)}).fetchall()
-    return [
-        QueueOverview(
-            queue=row["queue"],
-            counts={status: int(n) for status, n in row["counts"].items()},
-            oldest_pending_age_s=row["oldest_pending_age_s"],
-            paused=row["paused"],
-            paused_at=row["paused_at"],
-            paused_by=row["paused_by"],
-        )
-        for row in rows
-    ]
+    return [QueueInfo.from_row(row) for row in rows]

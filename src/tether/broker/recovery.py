@@ -10,7 +10,7 @@
 Every action is a guarded UPDATE (status + attempt + owner), so a reaper that
 races another reaper, or a worker that comes back late, cannot act twice.
 These functions take a sync connection; the worker's reaper runs them in a
-thread, and the broker's async methods wrap them the same way.
+thread. Manual recovery (broker/manual_recovery.py) applies the same rules on demand.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tether.broker.queries import q
 from tether.broker.types import Conn
 from tether.broker.workflows import prune_workflows
 from tether.config import RecoveryConfig
+from tether.result import TaskStatus
 
 log = logging.getLogger("tether.recovery")
 
@@ -58,7 +59,7 @@ class CrashedTask:
     claimed_by_worker_id: str
     silent_s: float  # seconds since the start or the runner's last heartbeat
     retry_delay_s: float | None
-    settled: str = "FAILED"  # PENDING (a retry), FAILED or CANCELLED
+    settled: TaskStatus = TaskStatus.FAILED  # PENDING (a retry), FAILED or CANCELLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,7 @@ def recover_stale_running(
                 or f"no runner heartbeat for {row['silent_s']:.1f}s from worker {row['claimed_by_worker_id']}"
             )
             outcome = outcomes.crashed(row["retry_policy"], row["retry_count"], how)
-            fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], "RUNNING")
+            fence = Fence(str(row["id"]), row["attempt"], row["claimed_by_worker_id"], TaskStatus.RUNNING)
             settled = record_outcome(conn, fence, outcome, hostname=None, pid=None).settled
             if settled is None:
                 continue  # settled by its own worker in the meantime: nothing to do
@@ -201,10 +202,10 @@ def recover_stale_running(
                 row["attempt"],
                 row["claimed_by_worker_id"],
                 row["silent_s"],
-                outcome.retry_delay_s if settled == "PENDING" else None,
+                outcome.retry_delay_s if settled is TaskStatus.PENDING else None,
                 settled,
             )
-            (retried if settled == "PENDING" else failed).append(task)
+            (retried if settled is TaskStatus.PENDING else failed).append(task)
             if quiet:
                 continue
             log.warning(
@@ -215,9 +216,9 @@ def recover_stale_running(
                 task.claimed_by_worker_id,
                 how,
                 f"retry in {outcome.retry_delay_s:.1f}s (policy retries WORKER_CRASHED)"
-                if settled == "PENDING"
+                if settled is TaskStatus.PENDING
                 else "CANCELLED (its cancel had been requested)"
-                if settled == "CANCELLED"
+                if settled is TaskStatus.CANCELLED
                 else "FAILED with WORKER_CRASHED",
             )
     return retried, failed
@@ -303,28 +304,3 @@ def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, i
     if deleted:
         log.info("retention: pruned %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))
     return deleted
-
-
-def stale_tasks(conn: Conn, threshold_ms: float, limit: int = 1_000) -> list[StaleTask]:
-    rows = conn.execute(q("stale_tasks_report"), {"threshold": _ms(threshold_ms), "limit": limit})
-    return [StaleTask(**row) for row in rows]
-
-
-def apply_task_rules(
-    conn: Conn,
-    *,
-    claimed_threshold_ms: float,
-    running_threshold_ms: float,
-    worker_threshold_ms: float,
-    dry_run: bool = False,
-) -> Recovered:
-    """The reaper's task rules, applied once on demand (``tether recover``): expire what is
-    past good_until, requeue stale CLAIMED, retry or fail stale RUNNING, mark silent workers
-    inactive. A dry run does it all and rolls it back."""
-    done = Recovered()
-    with conn.transaction(force_rollback=dry_run):
-        done.expired = expire_pending(conn)
-        done.requeued = requeue_stale_claimed(conn, claimed_threshold_ms, quiet=dry_run)
-        done.retried, done.failed = recover_stale_running(conn, running_threshold_ms, quiet=dry_run)
-        done.deactivated = deactivate_stale_workers(conn, worker_threshold_ms, quiet=dry_run)
-    return done

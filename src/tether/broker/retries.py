@@ -3,7 +3,8 @@ PENDING, and reopening a retried workflow step's part of its workflow.
 
 The rules (what is retried, what is refused and why) live in tether.retrying and
 tether.workflow.reopen; each function here runs one statement in the caller's transaction.
-Rows come back as frozen dataclasses whose fields are the statement's columns, in its order.
+Rows come back as frozen dataclasses whose fields are the statement's columns, in its order,
+statuses as their enums.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from tether.broker.queries import q
+from tether.broker.rows import RetrySample, with_status
 from tether.broker.types import Conn
+from tether.result import StepStatus, TaskStatus, WorkflowStatus
 
 #: The statuses a task can be retried from.
-RETRYABLE = ("FAILED", "CANCELLED", "EXPIRED")
+RETRYABLE = (TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +31,7 @@ class TaskToRetry:
 
     id: uuid.UUID
     name: str
-    status: str
+    status: TaskStatus
     workflow_id: uuid.UUID | None
     unique_key: str | None
 
@@ -37,7 +40,7 @@ class TaskToRetry:
 class Criteria:
     """A bulk retry's filter, resolved: absolute times (database time), statuses in upper case."""
 
-    statuses: tuple[str, ...]
+    statuses: tuple[TaskStatus, ...]
     queue: str | None
     name: str | None
     error_code: str | None
@@ -56,20 +59,6 @@ class Criteria:
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
-    """A task a bulk retry's filter matches (``finished_at``: when it ended)."""
-
-    id: uuid.UUID
-    name: str
-    queue: str
-    status: str
-    error_code: str | None
-    finished_at: datetime
-    workflow_id: uuid.UUID | None
-    unique_key: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Retried:
     """One task that retry_tasks found in a retryable status: retried, or the key's holder."""
 
@@ -81,21 +70,22 @@ class Retried:
 
 def task_to_retry(conn: Conn, task_id: uuid.UUID) -> TaskToRetry | None:
     row = conn.execute(q("retry_task_state"), {"id": task_id}).fetchone()
-    return None if row is None else TaskToRetry(**row)
+    return None if row is None else with_status(TaskToRetry, row, TaskStatus)
 
 
 def lock_task(conn: Conn, task_id: uuid.UUID) -> TaskToRetry | None:
     """In the caller's transaction, after the task's workflow: lock the task's row."""
     row = conn.execute(q("lock_task_for_retry"), {"id": task_id}).fetchone()
-    return None if row is None else TaskToRetry(**row)
+    return None if row is None else with_status(TaskToRetry, row, TaskStatus)
 
 
 def find_candidates(
     conn: Conn, criteria: Criteria, *, after: uuid.UUID | None, limit: int
-) -> list[Candidate]:
+) -> list[RetrySample]:
     """Up to ``limit`` tasks matching ``criteria`` with an id after ``after``, in id order."""
     params = {**criteria.params(), "after": after, "limit": limit}
-    return [Candidate(**row) for row in conn.execute(q("find_retry_candidates"), params).fetchall()]
+    rows = conn.execute(q("find_retry_candidates"), params).fetchall()
+    return [with_status(RetrySample, row, TaskStatus) for row in rows]
 
 
 def count_candidates(conn: Conn, criteria: Criteria) -> int:
@@ -108,7 +98,7 @@ def retry_tasks(
     conn: Conn,
     task_ids: Sequence[uuid.UUID],
     *,
-    statuses: Sequence[str] = RETRYABLE,
+    statuses: Sequence[TaskStatus] = RETRYABLE,
     workflow_id: uuid.UUID | None = None,
 ) -> list[Retried]:
     """Put the tasks of ``task_ids`` still in one of ``statuses`` back to PENDING (retries.sql).
@@ -125,13 +115,13 @@ def retry_tasks(
 
 
 @dataclass(frozen=True, slots=True)
-class StepRow:
-    """A workflow step as reopening reads it."""
+class StepToReopen:
+    """A workflow step as reopening reads it: where it stands and its counters."""
 
     task_id: uuid.UUID
     node: int
     node_name: str
-    status: str
+    status: StepStatus
     depends_on: list[int]  # nodes
     dependents: list[uuid.UUID]  # task ids
     join_mode: str
@@ -147,26 +137,26 @@ class StepChange(TypedDict):
     """A step's new status and counters (``was``: the status it is planned from; ``reopen``:
     its result, error code and end time are cleared)."""
 
-    was: str
-    status: str
+    was: StepStatus
+    status: StepStatus
     waiting_on: int
     deps_ok: int
     deps_failed: int
     reopen: bool
 
 
-def steps(conn: Conn, workflow_id: uuid.UUID, task_ids: Sequence[uuid.UUID | str]) -> list[StepRow]:
+def steps(conn: Conn, workflow_id: uuid.UUID, task_ids: Sequence[uuid.UUID | str]) -> list[StepToReopen]:
     """Steps of the workflow by task id (unknown ids are left out)."""
     rows = conn.execute(
         q("step_for_retry"), {"workflow_id": workflow_id, "task_ids": [str(t) for t in task_ids]}
     ).fetchall()
-    return [StepRow(**row) for row in rows]
+    return [with_status(StepToReopen, row, StepStatus) for row in rows]
 
 
-def step_statuses(conn: Conn, workflow_id: uuid.UUID, nodes: Sequence[int]) -> dict[int, str]:
+def step_statuses(conn: Conn, workflow_id: uuid.UUID, nodes: Sequence[int]) -> dict[int, StepStatus]:
     """The status of each of these steps (by node)."""
     rows = conn.execute(q("step_statuses"), {"workflow_id": workflow_id, "nodes": list(nodes)}).fetchall()
-    return {int(row["node"]): str(row["status"]) for row in rows}
+    return {int(row["node"]): StepStatus(row["status"]) for row in rows}
 
 
 def reopen_steps(conn: Conn, workflow_id: uuid.UUID, changes: dict[str, StepChange]) -> int:
@@ -178,10 +168,10 @@ def reopen_steps(conn: Conn, workflow_id: uuid.UUID, changes: dict[str, StepChan
     return len(rows)
 
 
-def reopen_workflow(conn: Conn, workflow_id: uuid.UUID, *, done: int, failed: int) -> str | None:
+def reopen_workflow(conn: Conn, workflow_id: uuid.UUID, *, done: int, failed: int) -> WorkflowStatus | None:
     """Count ``done`` steps as unfinished again (``failed`` of them had failed); the workflow's
     status afterwards (a FAILED one is RUNNING again)."""
     row = conn.execute(
         q("reopen_workflow"), {"workflow_id": workflow_id, "done": done, "failed": failed}
     ).fetchone()
-    return None if row is None else str(row["status"])
+    return None if row is None else WorkflowStatus(row["status"])

@@ -1,7 +1,8 @@
 """Producer-side task statements (tasks.sql): send, read, wait, cancel; listings and counts.
 
-Rows come back as frozen dataclasses whose fields are the statement's columns, in its
-order: ``dataclasses.asdict`` of one is what the CLI and the dashboard print as JSON.
+Rows come back as frozen dataclasses whose fields are the statement's columns (statuses as
+TaskStatus): ``dataclasses.asdict`` of one is what the CLI and the dashboard print as JSON.
+A task read whole is a TaskInfo (broker/rows.py), public as ``tether.TaskInfo``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from uuid import UUID
 
 from tether.broker.answers import Answer
 from tether.broker.queries import q
+from tether.broker.rows import AttemptInfo, TaskInfo, TaskSummary, with_status
 from tether.broker.types import AsyncConn, Conn
+from tether.result import TaskStatus
 
 # -- sending ----------------------------------------------------------------
 
@@ -128,66 +131,11 @@ def _batches(
 
 
 @dataclass(frozen=True, slots=True)
-class TaskRow:
-    """A task's row (args, kwargs, result, retry_policy and progress as parsed JSON)."""
-
-    id: UUID
-    name: str
-    queue: str
-    priority: int
-    status: str
-    args: Any
-    kwargs: Any
-    result: Any
-    error_code: str | None
-    attempt: int
-    retry_count: int
-    max_retries: int
-    retry_policy: Any
-    good_until: datetime | None
-    unique_key: str | None
-    run_at: datetime
-    sent_at: datetime
-    enqueued_at: datetime
-    claimed_at: datetime | None
-    started_at: datetime | None
-    completed_at: datetime | None
-    failed_at: datetime | None
-    cancelled_at: datetime | None
-    expired_at: datetime | None
-    next_retry_at: datetime | None
-    updated_at: datetime
-    claimed_by_worker_id: str | None
-    progress: Any
-    progress_at: datetime | None
-    schedule_name: str | None  # a periodic task's schedule, and the slot it was sent for
-    schedule_slot: datetime | None
-    cancel_requested_at: datetime | None  # a cancel was asked for then (docs/tasks.md), by:
-    cancel_requested_by: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class TaskState:
     """A task's status and its stored result (parsed JSON; None until it has one)."""
 
-    status: str
+    status: TaskStatus
     result: Any
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptInfo:
-    """One finished attempt of a task (tether_task_attempts). Public as ``tether.AttemptInfo``."""
-
-    attempt: int
-    worker_id: str | None
-    hostname: str | None
-    pid: int | None
-    started_at: datetime | None
-    finished_at: datetime
-    outcome: str
-    will_retry: bool
-    error_code: str | None
-    error_message: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,25 +147,28 @@ class Heartbeat:
     sent_at: datetime
 
 
-def get_task(conn: Conn, task_id: UUID) -> TaskRow | None:
+def get_task(conn: Conn, task_id: UUID) -> TaskInfo | None:
+    """The task's row and its finished attempts (two statements: an outcome recorded between
+    them can add an attempt the row does not show yet)."""
     row = conn.execute(q("get_task"), {"id": task_id}).fetchone()
-    return None if row is None else TaskRow(**row)
+    return None if row is None else TaskInfo.from_row(row, get_attempts(conn, task_id))
 
 
 def get_status(conn: Conn, task_id: UUID) -> TaskState | None:
     row = conn.execute(q("get_status"), {"id": task_id}).fetchone()
-    return None if row is None else TaskState(row["status"], row["result"])
+    return None if row is None else TaskState(TaskStatus(row["status"]), row["result"])
 
 
 def watch_task(conn: Conn, task_id: UUID) -> TaskState | None:
     """As get_status, and ask for a 'tether_done' notification when the task finishes."""
     row = conn.execute(q("watch_task"), {"id": task_id}).fetchone()
-    return None if row is None else TaskState(row["status"], row["result"])
+    return None if row is None else TaskState(TaskStatus(row["status"]), row["result"])
 
 
 def get_attempts(conn: Conn, task_id: UUID) -> list[AttemptInfo]:
     """The task's finished attempts, first first."""
-    return [AttemptInfo(**row) for row in conn.execute(q("get_attempts"), {"id": task_id}).fetchall()]
+    rows = conn.execute(q("get_attempts"), {"id": task_id}).fetchall()
+    return [with_status(AttemptInfo, row, TaskStatus, "outcome") for row in rows]
 
 
 def get_heartbeats(conn: Conn, task_id: UUID, limit: int) -> list[Heartbeat]:
@@ -235,7 +186,7 @@ class Cancelled:
     is requested); ``workflow_id`` is set when the task is a workflow step."""
 
     id: UUID
-    status: str
+    status: TaskStatus
     workflow_id: UUID | None
     claimed_by_worker_id: str | None
     cancel_requested_at: datetime
@@ -253,28 +204,10 @@ def cancel_task(conn: Conn, task_id: UUID, by: str | None) -> Cancelled | None:
     if row is None:
         return None
     del row["told"]
-    return Cancelled(**row)
+    return with_status(Cancelled, row, TaskStatus)
 
 
 # -- listings and counts ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSummary:
-    """A row of `tether tasks`."""
-
-    id: UUID
-    name: str
-    queue: str
-    priority: int
-    status: str
-    attempt: int
-    retry_count: int
-    error_code: str | None
-    sent_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    claimed_by_worker_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,16 +228,23 @@ class Failure:
 @dataclass(frozen=True, slots=True)
 class QueueCount:
     queue: str
-    status: str
+    status: TaskStatus
     n: int
 
 
 def list_tasks(
-    conn: Conn, *, status: str | None = None, queue: str | None = None, name: str | None = None, limit: int
+    conn: Conn,
+    *,
+    status: TaskStatus | None = None,
+    queue: str | None = None,
+    name: str | None = None,
+    limit: int,
 ) -> list[TaskSummary]:
     """Tasks newest first, filtered by whichever of status, queue and name are given."""
     params = {"status": status, "queue": queue, "name": name, "limit": limit}
-    return [TaskSummary(**row) for row in conn.execute(q("list_tasks"), params).fetchall()]
+    return [
+        with_status(TaskSummary, row, TaskStatus) for row in conn.execute(q("list_tasks"), params).fetchall()
+    ]
 
 
 def recent_failures(conn: Conn, limit: int) -> list[Failure]:
@@ -314,13 +254,14 @@ def recent_failures(conn: Conn, limit: int) -> list[Failure]:
 
 def count_by_queue_status(conn: Conn) -> list[QueueCount]:
     """How many tasks each queue has in each status (ordered by queue, then status)."""
-    return [QueueCount(**row) for row in conn.execute(q("count_by_queue_status")).fetchall()]
+    rows = conn.execute(q("count_by_queue_status")).fetchall()
+    return [QueueCount(row["queue"], TaskStatus(row["status"]), row["n"]) for row in rows]
 
 
-def count_status_of(conn: Conn, task_ids: Sequence[UUID]) -> dict[str, int]:
+def count_status_of(conn: Conn, task_ids: Sequence[UUID]) -> dict[TaskStatus, int]:
     """How many of these tasks are in each status (statuses none is in are absent)."""
     rows = conn.execute(q("count_status_of"), {"ids": list(task_ids)}).fetchall()
-    return {row["status"]: row["n"] for row in rows}
+    return {TaskStatus(row["status"]): row["n"] for row in rows}
 
 
 # -- the demo's questions -----------------------------------------------------

@@ -6,8 +6,10 @@ The locking rule of workflows.sql holds for every writer: lock the workflow
 transactions; each function here runs one statement.
 
 Rows come back as frozen dataclasses whose fields are the statement's columns, in the
-statement's order (so ``dataclasses.asdict`` gives the row as it was). They are built
-with ``cls(**row)``: one call per row, the cheapest way from psycopg's dict rows.
+statement's order (so ``dataclasses.asdict`` gives the row as it was), statuses as their
+enums (WorkflowStatus, StepStatus). They are built with ``cls(**row)``: one call per row, the
+cheapest way from psycopg's dict rows. A workflow read whole is a WorkflowInfo with its
+StepInfo steps (broker/rows.py), public as ``tether.WorkflowInfo``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, TypedDict
 
 from tether.broker.queries import q
+from tether.broker.rows import StepInfo, WorkflowInfo, WorkflowSummary, with_status
 from tether.broker.types import AsyncConn, Conn, Row
+from tether.result import StepStatus, WorkflowStatus
 
 WorkflowId = uuid.UUID | str
 
@@ -143,7 +147,7 @@ def _steps_params(workflow_id: WorkflowId, steps: Sequence[NewStep]) -> dict[str
 class LockedWorkflow:
     id: uuid.UUID
     name: str
-    status: str
+    status: WorkflowStatus
     on_error: str
 
 
@@ -153,7 +157,7 @@ class ChangedStep:
 
     task_id: uuid.UUID
     node: int
-    status: str
+    status: StepStatus
     dependents: list[uuid.UUID]  # task ids
 
 
@@ -181,13 +185,13 @@ class DependentUpdate(TypedDict):
     waiting_on: int
     deps_ok: int
     deps_failed: int
-    status: str
+    status: StepStatus
 
 
 def lock_workflow(conn: Conn, workflow_id: WorkflowId) -> LockedWorkflow | None:
     """In the caller's transaction: lock the workflow's row (None: there is no such workflow)."""
     row = conn.execute(q("lock_workflow"), {"id": workflow_id}).fetchone()
-    return LockedWorkflow(**row) if row else None
+    return None if row is None else with_status(LockedWorkflow, row, WorkflowStatus)
 
 
 def plan_as_lookups(conn: Conn) -> None:
@@ -198,7 +202,7 @@ def plan_as_lookups(conn: Conn) -> None:
 def settle_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> list[ChangedStep]:
     """ENQUEUED steps (of ``task_ids``) whose task has ended take its outcome; the ones settled."""
     rows = conn.execute(q("settle_steps"), {"workflow_id": workflow_id, "task_ids": task_ids}).fetchall()
-    return [ChangedStep(**r) for r in rows]
+    return [with_status(ChangedStep, r, StepStatus) for r in rows]
 
 
 def waiting_dependents(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> list[WaitingStep]:
@@ -217,16 +221,16 @@ def update_dependents(
         q("update_dependents"),
         {"workflow_id": workflow_id, "task_ids": list(updates), "changes": json.dumps(updates)},
     ).fetchall()
-    return [ChangedStep(**r) for r in rows]
+    return [with_status(ChangedStep, r, StepStatus) for r in rows]
 
 
-def account_steps(conn: Conn, workflow_id: WorkflowId, *, done: int, failed: int) -> str | None:
+def account_steps(conn: Conn, workflow_id: WorkflowId, *, done: int, failed: int) -> WorkflowStatus | None:
     """Count ``done`` more finished steps (``failed`` of them failed) and move the workflow on
     (PAUSED, COMPLETED, FAILED; notifying waiters when it ends); its status afterwards."""
     row = conn.execute(
         q("account_steps"), {"workflow_id": workflow_id, "done": done, "failed": failed}
     ).fetchone()
-    return str(row["status"]) if row else None
+    return WorkflowStatus(row["status"]) if row else None
 
 
 def enqueue_steps(conn: Conn, workflow_id: WorkflowId, task_ids: list[str]) -> Enqueued:
@@ -324,48 +328,18 @@ def prune_workflows(conn: Conn, age: timedelta, limit: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class WatchedWorkflow:
-    status: str
-    output_node: int | None
+class WorkflowState:
+    """A workflow's status, and what its result is made of (``output_node``: the step whose
+    result it is; None: every final step's)."""
 
-
-@dataclass(frozen=True, slots=True)
-class WorkflowRow:
     id: uuid.UUID
     name: str
-    status: str
-    on_error: str
+    status: WorkflowStatus
     output_node: int | None
-    steps_total: int
-    steps_done: int
-    steps_failed: int
-    created_at: datetime
-    updated_at: datetime
-    paused_at: datetime | None
-    finished_at: datetime | None
 
-
-@dataclass(frozen=True, slots=True)
-class StepRow:
-    """A step with its task's state (None until the step is enqueued)."""
-
-    node: int
-    node_name: str
-    task_id: uuid.UUID
-    task_name: str
-    queue: str
-    status: str
-    depends_on: list[int]
-    dependents: list[uuid.UUID]
-    join_mode: str
-    run_anyway: bool
-    result: Any  # the stored result, parsed from jsonb (None until the step ends)
-    error_code: str | None
-    enqueued_at: datetime | None
-    finished_at: datetime | None
-    task_status: str | None
-    attempt: int | None
-    retry_count: int | None
+    @classmethod
+    def from_row(cls, row: Row) -> WorkflowState:
+        return cls(row["id"], row["name"], WorkflowStatus(row["status"]), row["output_node"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,42 +355,35 @@ class FailedStep:
     result: Any
 
 
-@dataclass(frozen=True, slots=True)
-class WorkflowSummary:
-    """A row of ``tether workflows``."""
-
-    id: uuid.UUID
-    name: str
-    status: str
-    on_error: str
-    steps_total: int
-    steps_done: int
-    steps_failed: int
-    created_at: datetime
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowState:
-    id: uuid.UUID
-    name: str
-    status: str
-
-
-def watch_workflow(conn: Conn, workflow_id: WorkflowId) -> WatchedWorkflow | None:
-    """Ask for a notification when the workflow ends; its status now (None: no such workflow)."""
+def watch_workflow(conn: Conn, workflow_id: WorkflowId) -> WorkflowState | None:
+    """Ask for a notification when the workflow ends; its state now (None: no such workflow)."""
     row = conn.execute(q("watch_workflow"), {"id": workflow_id}).fetchone()
-    return WatchedWorkflow(**row) if row else None
+    return WorkflowState.from_row(row) if row else None
 
 
-def get_workflow(conn: Conn, workflow_id: WorkflowId) -> WorkflowRow | None:
+def workflow_state(conn: Conn, workflow_id: WorkflowId) -> WorkflowState | None:
+    """The workflow's state (None: no such workflow)."""
+    found = workflow_statuses(conn, [workflow_id])
+    return found[0] if found else None
+
+
+def get_workflow(conn: Conn, workflow_id: WorkflowId) -> WorkflowInfo | None:
+    """The workflow and every step, by node (two statements, as the handle's info() reads it)."""
     row = conn.execute(q("get_workflow"), {"id": workflow_id}).fetchone()
-    return WorkflowRow(**row) if row else None
+    if row is None:
+        return None
+    return WorkflowInfo.from_rows(row, _step_rows(conn, workflow_id))
 
 
-def get_workflow_steps(conn: Conn, workflow_id: WorkflowId) -> list[StepRow]:
+def get_workflow_steps(conn: Conn, workflow_id: WorkflowId) -> list[StepInfo]:
     """Every step, by node."""
-    return [StepRow(**r) for r in conn.execute(q("get_workflow_steps"), {"id": workflow_id}).fetchall()]
+    rows = _step_rows(conn, workflow_id)
+    names = {r["node"]: r["node_name"] for r in rows}
+    return [StepInfo.from_row(r, names) for r in rows]
+
+
+def _step_rows(conn: Conn, workflow_id: WorkflowId) -> list[Row]:
+    return conn.execute(q("get_workflow_steps"), {"id": workflow_id}).fetchall()
 
 
 def workflow_output(conn: Conn, workflow_id: WorkflowId, output_node: int | None) -> list[StepResult]:
@@ -430,12 +397,15 @@ def workflow_failures(conn: Conn, workflow_id: WorkflowId) -> list[FailedStep]:
     return [FailedStep(**r) for r in conn.execute(q("workflow_failures"), {"id": workflow_id}).fetchall()]
 
 
-def list_workflows(conn: Conn, *, status: str | None, name: str | None, limit: int) -> list[WorkflowSummary]:
+def list_workflows(
+    conn: Conn, *, status: WorkflowStatus | None, name: str | None, limit: int
+) -> list[WorkflowSummary]:
     """The newest workflows, filtered by exact status and name when given."""
     rows = conn.execute(q("list_workflows"), {"status": status, "name": name, "limit": limit}).fetchall()
-    return [WorkflowSummary(**r) for r in rows]
+    return [with_status(WorkflowSummary, r, WorkflowStatus) for r in rows]
 
 
 def workflow_statuses(conn: Conn, ids: Sequence[WorkflowId]) -> list[WorkflowState]:
+    """The state of each of these workflows that exists, by id."""
     rows = conn.execute(q("workflow_statuses"), {"ids": [str(i) for i in ids]}).fetchall()
-    return [WorkflowState(**r) for r in rows]
+    return [WorkflowState.from_row(r) for r in rows]

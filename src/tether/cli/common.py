@@ -26,6 +26,7 @@ from tether.broker.workers import WorkerSummary
 from tether.config import AppConfig, PostgresConfig
 from tether.errors import InvalidOptionError
 from tether.names import MAX_BY_LENGTH, check_by, check_queue_name, check_task_name
+from tether.result import StepStatus, TaskStatus, WorkflowStatus
 
 console = Console()
 
@@ -44,19 +45,20 @@ app_option = click.option(
 )
 
 STYLES: dict[str, str] = {
-    # workflow, step and task statuses share one palette
-    "RUNNING": "cyan",
-    "PAUSED": "yellow",
-    "COMPLETED": "green",
-    "FAILED": "red",
-    "CANCELLED": "magenta",
-    "EXPIRED": "magenta",
-    "SKIPPED": "yellow",
-    "WAITING": "dim",
-    "READY": "cyan",
-    "ENQUEUED": "blue",
-    "PENDING": "dim",
-    "CLAIMED": "cyan",
+    # Workflow, step and task statuses share one palette (a name two enums share, such as
+    # RUNNING, is one key: StrEnum members are equal to their text).
+    WorkflowStatus.RUNNING: "cyan",
+    WorkflowStatus.PAUSED: "yellow",
+    WorkflowStatus.COMPLETED: "green",
+    WorkflowStatus.FAILED: "red",
+    WorkflowStatus.CANCELLED: "magenta",
+    TaskStatus.EXPIRED: "magenta",
+    StepStatus.SKIPPED: "yellow",
+    StepStatus.WAITING: "dim",
+    StepStatus.READY: "cyan",
+    StepStatus.ENQUEUED: "blue",
+    TaskStatus.PENDING: "dim",
+    TaskStatus.CLAIMED: "cyan",
 }
 
 

@@ -1,21 +1,17 @@
 """``tether recover``: the reaper's task rules, then its workflow reconciliation, run once now.
 
-The work is done by broker.recovery.apply_task_rules and
-workflow.recovery.reconcile_and_report; this module picks the thresholds and prints.
+The work is done by tether.recovering.recover (the dashboard's recover action calls it
+too); this module picks the thresholds and prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
-
 import click
 from rich.table import Table
 
-from tether.broker.recovery import CrashedTask, RequeuedTask, apply_task_rules
 from tether.cli import common
-from tether.workflow.recovery import ReconcileReport, reconcile_and_report
+from tether.recovering import recover as recover_now
+from tether.workflow.recovery import ReconcileReport
 
 
 @click.command()
@@ -47,38 +43,17 @@ def recover(
 ) -> None:
     """Recover stale tasks now, by the reaper's rules (manual recovery), then reconcile workflows."""
     rc = common.load_config(database_url, app_path).recovery
-    broker = common.open_broker(database_url, app_path)
-    beat_ms = min(rc.claimer_heartbeat_interval_ms, rc.runner_heartbeat_interval_ms)
-    with broker.connection() as conn:
-        done = apply_task_rules(
-            conn,
-            claimed_threshold_ms=claimed_threshold_ms or rc.claimed_stale_threshold_ms,
-            running_threshold_ms=running_threshold_ms or rc.running_stale_threshold_ms,
-            worker_threshold_ms=3 * beat_ms,
-            dry_run=dry_run,
-        )
-        # Then the reaper's workflow reconciliation, which also settles the steps of tasks failed above.
-        flows = reconcile_and_report(conn, dry_run=dry_run)
-    rows: Sequence[tuple[str, RequeuedTask | CrashedTask]] = (
-        [("requeued (CLAIMED -> PENDING)", r) for r in done.requeued]
-        + [("retry scheduled (WORKER_CRASHED)", r) for r in done.retried]
-        + [
-            ("CANCELLED (cancel requested)" if r.settled == "CANCELLED" else "FAILED (WORKER_CRASHED)", r)
-            for r in done.failed
-        ]
+    report = recover_now(
+        common.open_broker(database_url, app_path),
+        rc,
+        claimed_threshold_ms=claimed_threshold_ms,
+        running_threshold_ms=running_threshold_ms,
+        dry_run=dry_run,
     )
     if as_json:
-        common.emit_json(
-            {
-                "dry_run": dry_run,
-                "expired": done.expired,
-                "tasks": [{"action": a, **dataclasses.asdict(r)} for a, r in rows],
-                "workers_deactivated": done.deactivated,
-                "workflows": _report_json(flows),
-            }
-        )
+        common.emit_json(report.as_json())
         return
-    verb = "would be" if dry_run else "were"
+    flows, rows = report.workflows, report.actions()
     common.console.print(
         common.table(
             f"Stale tasks ({'dry run: nothing changed' if dry_run else 'recovered'})",
@@ -86,17 +61,10 @@ def recover(
             [[r.id, r.name, r.attempt, r.claimed_by_worker_id, f"{r.silent_s:.1f}s", a] for a, r in rows],
         )
     )
-    common.console.print(
-        f"{len(rows)} stale task(s) {verb} recovered, {done.expired} expired task(s) {verb} marked "
-        f"EXPIRED, {len(done.deactivated)} silent worker(s) {verb} marked inactive"
-    )
+    common.console.print(report.tasks_summary())
     if flows.workflows:
         common.console.print(_report_table(flows))
-    common.console.print(_report_summary(flows))
-
-
-def _report_json(report: ReconcileReport) -> dict[str, Any]:
-    return {"steps_settled": report.steps, "finished": report.finished, "workflows": report.workflows}
+    common.console.print(report.workflows_summary())
 
 
 def _report_table(report: ReconcileReport) -> Table:
@@ -107,17 +75,4 @@ def _report_table(report: ReconcileReport) -> Table:
         title,
         ["workflow", "name", "stuck steps", "status"],
         [[w["id"], w["name"], w["stuck_steps"], common.status_text(w["status"])] for w in report.workflows],
-    )
-
-
-def _report_summary(report: ReconcileReport) -> str:
-    if report.dry_run:
-        with_stuck = sum(1 for w in report.workflows if w["stuck_steps"])
-        line = f"{report.steps} stuck workflow step(s) in {with_stuck} workflow(s) would be settled"
-        if report.finished:
-            line += f", {len(report.finished)} workflow(s) whose steps have all ended would be finished"
-        return line
-    return (
-        f"{report.steps} stuck workflow step(s) were settled, "
-        f"{len(report.finished)} workflow(s) were finished"
     )

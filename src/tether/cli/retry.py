@@ -17,6 +17,7 @@ from tether.broker.retries import RETRYABLE
 from tether.cli import common
 from tether.errors import InvalidOptionError, TaskNotFoundError
 from tether.ids import parse_task_id
+from tether.result import TaskStatus
 from tether.retrying import BulkRetry, RetryFilter, retry_task, retry_tasks
 
 _AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
@@ -137,7 +138,7 @@ def retry(
         _by_ids(common.open_broker(database_url), ids, who, as_json)
         return
     wanted = RetryFilter(
-        statuses=_statuses(statuses) if statuses else ("FAILED",),
+        statuses=_statuses(statuses) if statuses else (TaskStatus.FAILED,),
         queue=queue,
         name=name,
         error_code=error_code,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from tether.broker.status import status_snapshot
 from tether.cli import common
 from tether.result import TaskStatus
 
@@ -15,7 +16,7 @@ from tether.result import TaskStatus
 def status(database_url: str | None, as_json: bool, app_path: str | None) -> None:
     """Counts per queue and status, workers with heartbeat age, stale tasks."""
     rc = common.load_config(database_url, app_path).recovery
-    snapshot = common.open_broker(database_url, app_path).status_snapshot(rc.running_stale_threshold_ms)
+    snapshot = status_snapshot(common.open_broker(database_url, app_path), rc.running_stale_threshold_ms)
     counts, workers, stale = snapshot.counts, snapshot.workers, snapshot.stale_tasks
     if as_json:
         common.emit_json({"counts": counts, "workers": workers, "stale_tasks": stale})

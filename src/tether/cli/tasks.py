@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import click
 from rich.table import Table
 
-from tether.broker.tasks import get_attempts, get_heartbeats, get_task, list_tasks
+from tether.broker.tasks import get_heartbeats, get_task, list_tasks
 from tether.cli import common
 from tether.ids import parse_task_id
 from tether.result import TaskStatus
@@ -62,7 +60,7 @@ def tasks(
     limit: int,
 ) -> None:
     """Recent tasks, newest first, filtered by status, queue or name."""
-    status = status_.upper() if status_ else None
+    status = TaskStatus(status_.upper()) if status_ else None
     rows = common.open_broker(database_url).run(
         lambda conn: list_tasks(conn, status=status, queue=queue, name=name, limit=limit)
     )
@@ -98,17 +96,18 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     """One task with its attempts."""
     broker = common.open_broker(database_url)
     tid = parse_task_id(task_id)
-    row = broker.run(lambda conn: get_task(conn, tid))
-    if row is None:
+    info = broker.run(lambda conn: get_task(conn, tid))
+    if info is None:
         raise click.ClickException(f"no task with id {tid}")
-    attempts = broker.run(lambda conn: get_attempts(conn, tid))
+    attempts = info.attempts
     beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
+    stored = info.as_stored()  # the row as stored: its result as the JSON it is kept as
     if as_json:
-        common.emit_json({**dataclasses.asdict(row), "attempts": attempts, "heartbeats": beats})
+        common.emit_json({**stored, "attempts": attempts, "heartbeats": beats})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
     for key in TASK_FIELDS:
-        value = getattr(row, key)
+        value = stored[key]
         fields.add_row(key, "" if value is None else str(value))
     common.console.print(fields)
     common.console.print(

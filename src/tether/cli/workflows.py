@@ -45,7 +45,7 @@ def workflows(
     database_url: str | None, as_json: bool, status_: str | None, name: str | None, limit: int
 ) -> None:
     """Recent workflows, newest first, filtered by status or name."""
-    status = status_.upper() if status_ else None
+    status = WorkflowStatus(status_.upper()) if status_ else None
     rows = common.open_broker(database_url).run(
         lambda c: list_workflows(c, status=status, name=name, limit=limit)
     )

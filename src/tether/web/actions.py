@@ -2,7 +2,8 @@
 
 The server checks the token before any of these runs (tether.web.auth). Each action calls
 the same function as the CLI and the Python API (tether.cancelling, tether.retrying,
-tether.queue_control, the workflow engine) with ``by="dashboard:<client address>"``, and
+tether.queue_control, the workflow engine, tether.recovering) with
+``by="dashboard:<client address>"``, and
 answers what it changed in a sentence; the server logs that sentence at INFO with the
 action, its target and the client's address.
 """
@@ -13,12 +14,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from tether import cancelling, names, queue_control, retrying
+from tether import cancelling, names, queue_control, recovering, retrying
 from tether.broker import PostgresBroker
 from tether.broker.answers import CHANGED
+from tether.config import RecoveryConfig
 from tether.errors import InvalidOptionError, TaskNotFoundError
+from tether.result import TaskStatus
 from tether.web import api
 from tether.web.jsonout import ApiError
 from tether.workflow import engine
@@ -38,14 +41,25 @@ class Acted:
         return {"changed": self.changed, "message": self.message, **self.details}
 
 
-Action = Callable[[PostgresBroker, Mapping[str, Any], str], Acted]
+class Desk(Protocol):
+    """What an action works with: the dashboard's broker, and the recovery thresholds it was
+    started with (its app's, with --app; else TETHER_* and the defaults)."""
+
+    @property
+    def broker(self) -> PostgresBroker: ...
+
+    @property
+    def recovery(self) -> RecoveryConfig: ...
 
 
-def cancel_task(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+Action = Callable[[Desk, Mapping[str, Any], str], Acted]
+
+
+def cancel_task(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"task_id"}``: cancel a task (a RUNNING one is asked to stop; it ends CANCELLED)."""
     task_id = _id(body, "task_id")
     try:
-        answer = cancelling.cancel_task(broker, task_id, by=by)
+        answer = cancelling.cancel_task(desk.broker, task_id, by=by)
     except TaskNotFoundError as exc:
         raise ApiError(404, str(exc)) from None
     return Acted(
@@ -56,11 +70,11 @@ def cancel_task(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Act
     )
 
 
-def retry_task(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def retry_task(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"task_id"}``: retry an ended task (back to PENDING, same id)."""
     task_id = _id(body, "task_id")
     try:
-        answer = retrying.retry_task(broker, task_id, by=by)
+        answer = retrying.retry_task(desk.broker, task_id, by=by)
     except TaskNotFoundError as exc:
         raise ApiError(404, str(exc)) from None
     message = f"task {task_id} {answer.reason}"  # "retried: PENDING as ...", "not retried: it is ..."
@@ -72,7 +86,7 @@ def retry_task(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acte
     )
 
 
-def retry_tasks(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def retry_tasks(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"filter": {status, queue, name, error_code, since, until}, "dry_run": bool}``: retry
     every ended task the filter matches (statuses default to FAILED; ``since`` and ``until``
     bound when the task ended, as in tether.retrying). The page sends a dry run first, shows
@@ -86,7 +100,7 @@ def retry_tasks(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Act
     query = {key: [str(value)] for key, value in raw.items() if value not in (None, "")}
     where = api.task_filter(query)
     wanted = retrying.RetryFilter(
-        statuses=tuple(where.statuses) or ("FAILED",),
+        statuses=tuple(where.statuses) or (TaskStatus.FAILED,),
         queue=where.queue,
         name=where.name,
         error_code=where.error_code,
@@ -94,7 +108,7 @@ def retry_tasks(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Act
         until=where.until,
     )
     try:
-        bulk = retrying.retry_tasks(broker, wanted, by=by, dry_run=dry_run)
+        bulk = retrying.retry_tasks(desk.broker, wanted, by=by, dry_run=dry_run)
     except InvalidOptionError as exc:
         raise ApiError(400, str(exc)) from None
     described = _described(wanted)
@@ -134,46 +148,66 @@ def _described(wanted: retrying.RetryFilter) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def pause_queue(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def pause_queue(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"queue"}``: workers stop claiming from the queue (running tasks go on)."""
     queue = _queue(body)
-    changed = queue_control.pause_queue(broker, queue, by=by)
+    changed = queue_control.pause_queue(desk.broker, queue, by=by)
     return Acted(
         f"queue {queue}", changed, f"queue {queue} paused" if changed else f"queue {queue} was already paused"
     )
 
 
-def resume_queue(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def resume_queue(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"queue"}``: workers claim from the queue again."""
     queue = _queue(body)
-    changed = queue_control.resume_queue(broker, queue, by=by)
+    changed = queue_control.resume_queue(desk.broker, queue, by=by)
     return Acted(
         f"queue {queue}", changed, f"queue {queue} resumed" if changed else f"queue {queue} was not paused"
     )
 
 
-def cancel_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def cancel_workflow(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: steps not started end CANCELLED; running ones finish."""
     wid = _id(body, "workflow_id")
-    changed = broker.run_request(lambda conn: engine.cancel(conn, wid), CHANGED)
+    changed = desk.broker.run_request(lambda conn: engine.cancel(conn, wid), CHANGED)
     message = f"workflow {wid} cancelled" if changed else f"workflow {wid} not cancelled: it is not open"
     return Acted(f"workflow {wid}", changed, message)
 
 
-def pause_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def pause_workflow(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: start no new steps until resumed."""
     wid = _id(body, "workflow_id")
-    changed = broker.run_request(lambda conn: engine.pause(conn, wid), CHANGED)
+    changed = desk.broker.run_request(lambda conn: engine.pause(conn, wid), CHANGED)
     message = f"workflow {wid} paused" if changed else f"workflow {wid} not paused: it is not RUNNING"
     return Acted(f"workflow {wid}", changed, message)
 
 
-def resume_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
+def resume_workflow(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: a PAUSED workflow runs on; steps that became ready start."""
     wid = _id(body, "workflow_id")
-    changed = broker.run_request(lambda conn: engine.resume(conn, wid), CHANGED)
+    changed = desk.broker.run_request(lambda conn: engine.resume(conn, wid), CHANGED)
     message = f"workflow {wid} resumed" if changed else f"workflow {wid} not resumed: it is not PAUSED"
     return Acted(f"workflow {wid}", changed, message)
+
+
+def recover(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
+    """``{"dry_run": bool}`` (true unless false): manual recovery, as ``tether recover`` does it
+    with the dashboard's thresholds: every task rule of the reaper once (stale CLAIMED back to
+    PENDING, stale RUNNING retried or failed, PENDING past good_until expired, silent workers
+    marked inactive), then the workflow reconciliation. The page sends a dry run first, shows
+    what it would do, and sends the real one when confirmed. The reply holds the report of
+    ``tether recover --json``."""
+    dry_run = body.get("dry_run", True)
+    if not isinstance(dry_run, bool):
+        raise ApiError(400, "dry_run must be true or false")
+    report = recovering.recover(desk.broker, desk.recovery, dry_run=dry_run)
+    message = f"{report.tasks_summary()}; {report.workflows_summary()}"
+    return Acted(
+        "stale tasks and workflows",
+        report.changed,
+        f"dry run: {message}; nothing changed" if dry_run else message,
+        report.as_json(),
+    )
 
 
 ACTIONS: dict[str, Action] = {
@@ -185,6 +219,7 @@ ACTIONS: dict[str, Action] = {
     "cancel-workflow": cancel_workflow,
     "pause-workflow": pause_workflow,
     "resume-workflow": resume_workflow,
+    "recover": recover,
 }
 
 

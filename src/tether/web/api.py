@@ -18,11 +18,13 @@ import psycopg
 
 from tether import queue_control
 from tether.broker import PostgresBroker, browse, tasks, workers, workflows
+from tether.broker.rows import StepInfo
 from tether.broker.types import Conn
-from tether.result import TaskStatus
+from tether.result import TaskStatus, WorkflowStatus
 from tether.web.jsonout import ApiError
 
 T = TypeVar("T")
+E = TypeVar("E", TaskStatus, WorkflowStatus)
 Query = Mapping[str, Sequence[str]]
 
 PAGE_SIZE = 50
@@ -31,7 +33,6 @@ HEARTBEATS_SHOWN = 20
 MAX_WORKERS = 200
 MAX_IN_FLIGHT = 2_000
 READ_TIME_LIMIT_MS = 10_000
-WORKFLOW_STATUSES = ("RUNNING", "PAUSED", "COMPLETED", "FAILED", "CANCELLED")
 MESSAGE_CUT = 300
 
 
@@ -67,11 +68,11 @@ def tasks_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
 
 def task_filter(query: Query) -> browse.TaskFilter:
     """The task filter of a query (``status`` may list several, comma-separated)."""
-    statuses: list[str] = []
+    statuses: list[TaskStatus] = []
     for value in query.get("status", ()):
         for part in value.split(","):
             if part.strip():
-                statuses.append(_choice("status", part.strip().upper(), [s.value for s in TaskStatus]))
+                statuses.append(_choice("status", part.strip().upper(), TaskStatus))
     since, until = _time(query, "since"), _time(query, "until")
     if since is not None and until is not None and since >= until:
         raise ApiError(400, "since must be before until")
@@ -97,8 +98,8 @@ def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
             f: getattr(detail, f) for f in ("workflow_id", "workflow_name", "workflow_status", "step_name")
         }
         return {
-            "task": {**dataclasses.asdict(detail.row), **step},
-            "attempts": tasks.get_attempts(conn, tid),
+            "task": {**detail.task.as_stored(), **step},
+            "attempts": detail.task.attempts,
             "heartbeats": tasks.get_heartbeats(conn, tid, HEARTBEATS_SHOWN),
         }
 
@@ -107,9 +108,8 @@ def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
 
 def workflows_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
     """``GET /api/workflows``: a page of workflows, newest first."""
-    status = _text(query, "status")
-    if status is not None:
-        status = _choice("status", status.upper(), WORKFLOW_STATUSES)
+    given = _text(query, "status")
+    status = None if given is None else _choice("status", given.upper(), WorkflowStatus)
     name, before, limit = _text(query, "name"), _uuid(query, "before"), _limit(query)
     rows = read(
         broker,
@@ -124,29 +124,32 @@ def workflow_page(broker: PostgresBroker, workflow_id: str) -> dict[str, Any]:
     wid = _parse_uuid("workflow id", workflow_id)
 
     def work(conn: Conn) -> dict[str, Any]:
-        row = workflows.get_workflow(conn, wid)
-        if row is None:
+        info = workflows.get_workflow(conn, wid)
+        if info is None:
             raise ApiError(404, f"no workflow with id {wid}")
-        return {"workflow": row, "steps": [_step(s) for s in workflows.get_workflow_steps(conn, wid)]}
+        nodes = {s.name: s.node for s in info.steps}
+        shown = {f.name: getattr(info, f.name) for f in dataclasses.fields(info) if f.name != "steps"}
+        return {"workflow": shown, "steps": [_step(s, nodes) for s in info.steps]}
 
     return read(broker, work)
 
 
-def _step(step: workflows.StepRow) -> dict[str, Any]:
-    err = step.result.get("err") if isinstance(step.result, dict) else None
-    message = err.get("message") if isinstance(err, dict) else None
+def _step(step: StepInfo, nodes: dict[str, int]) -> dict[str, Any]:
+    """A step as the page reads it: its dependencies by node, its error's message cut short."""
+    err = step.result.err if step.result is not None else None
+    message = err.message if err is not None else None
     return {
         "node": step.node,
-        "node_name": step.node_name,
+        "node_name": step.name,
         "task_id": step.task_id,
         "task_name": step.task_name,
         "queue": step.queue,
         "status": step.status,
-        "depends_on": step.depends_on,
-        "join_mode": step.join_mode,
+        "depends_on": [nodes[name] for name in step.depends_on],
+        "join_mode": step.join,
         "run_anyway": step.run_anyway,
         "error_code": step.error_code,
-        "error_message": message[:MESSAGE_CUT] if isinstance(message, str) else None,
+        "error_message": message[:MESSAGE_CUT] if message is not None else None,
         "enqueued_at": step.enqueued_at,
         "finished_at": step.finished_at,
         "task_status": step.task_status,
@@ -188,10 +191,11 @@ def _text(query: Query, key: str) -> str | None:
     return value or None
 
 
-def _choice(key: str, value: str, allowed: Sequence[str]) -> str:
-    if value not in allowed:
+def _choice(key: str, value: str, allowed: type[E]) -> E:
+    """The member of the status enum ``allowed`` named ``value`` (a 400 naming ``key`` if none is)."""
+    if value not in allowed.__members__:
         raise ApiError(400, f"{key} {value!r} is not one of {', '.join(allowed)}")
-    return value
+    return allowed(value)
 
 
 def _parse_uuid(what: str, value: str) -> uuid.UUID:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tether.broker import PostgresBroker
+from tether.broker.status import status_snapshot
 from tether.config import RecoveryConfig
 from tether.errors import DatabaseUnreachableError, InvalidOptionError
 from tether.web import actions, api
@@ -88,8 +89,11 @@ class DashboardServer(ThreadingHTTPServer):
         with self._lock:  # concurrent requests wait for one read instead of each making their own
             if self._cached is not None and time.monotonic() - self._cached[0] < SNAPSHOT_MAX_AGE_S:
                 return self._cached[1]
-            snapshot = self.broker.status_snapshot(
-                self.recovery.running_stale_threshold_ms, failures=RECENT_FAILURES, with_schedules=True
+            snapshot = status_snapshot(
+                self.broker,
+                self.recovery.running_stale_threshold_ms,
+                failures=RECENT_FAILURES,
+                with_schedules=True,
             )
             shown = {**dataclasses.asdict(snapshot), "generated_at": datetime.now(UTC)}
             body = json.dumps(shown, default=str).encode()
@@ -222,7 +226,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
     def _act(self, name: str, body: dict[str, Any], client: str) -> None:
         by = f"dashboard:{client}"
         try:
-            acted = actions.ACTIONS[name](self.server.broker, body, by)
+            acted = actions.ACTIONS[name](self.server, body, by)
         except (ApiError, InvalidOptionError) as exc:
             code, message = (exc.code, exc.message) if isinstance(exc, ApiError) else (400, str(exc))
             log.info("dashboard action %s from %s refused: %s", name, client, message)

@@ -27,6 +27,7 @@ from tether.broker.claims import OutcomeWrite, TaskPayload
 from tether.broker.types import DatabaseError
 from tether.current import set_cancel_probe, set_current_task_in_context
 from tether.progress import set_reporter_in_context
+from tether.result import TaskStatus
 from tether.worker import protocol
 from tether.worker.child import ParentGuard, begin_child, running_task
 from tether.worker.execute import Executor, internal_failure
@@ -263,7 +264,7 @@ class AsyncChild:
         self,
         outcomes: list[OutcomeWrite],
         starts: list[TaskPayload],
-        recorded: dict[str, str],
+        recorded: dict[str, TaskStatus],
         started: set[str],
         releases: list[TaskPayload],
     ) -> None:

@@ -15,7 +15,7 @@ from tether.broker.claims import TaskPayload
 from tether.current import cancel_requested_for
 from tether.errors import SerializationError, TaskCancelledError
 from tether.outcomes import Outcome
-from tether.result import ErrorCode, TaskError, TaskResult
+from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.task import Task
 
 log = logging.getLogger("tether.worker.execute")
@@ -137,11 +137,11 @@ class Executor:
         except SerializationError as exc:
             return failure(payload, TaskError(ErrorCode.RESULT_NOT_SERIALIZABLE, str(exc)))
         if result.is_ok:
-            return Outcome("COMPLETED", result_json, None, None, None)
+            return Outcome(TaskStatus.COMPLETED, result_json, None, None, None)
         err = result.err
         assert err is not None
         delay = outcomes.retry_delay(payload.retry_policy, payload.retry_count, str(err.code))
-        return Outcome("FAILED", result_json, str(err.code), err.message, delay)
+        return Outcome(TaskStatus.FAILED, result_json, str(err.code), err.message, delay)
 
     def _call(self, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any], task_id: str) -> Any:
         if not task.is_async:

@@ -32,7 +32,7 @@ from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.config import WorkerConfig
 from tether.errors import UnknownQueueError
-from tether.result import ErrorCode, TaskError
+from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.cancels import Cancels
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.claimer import Claimer
@@ -444,7 +444,7 @@ class StartedWorker:
         )
         outcome = outcomes.failure(error, task.retry_policy, task.retry_count)
         log.error("task %s: %s; failing it", task.id, error.message)
-        await asyncio.to_thread(self.recorder.record_for, task, outcome, expect="CLAIMED")
+        await asyncio.to_thread(self.recorder.record_for, task, outcome, expect=TaskStatus.CLAIMED)
 
     async def _release(self, tasks: list[TaskPayload]) -> None:
         if not tasks:

@@ -27,7 +27,7 @@ from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBac
 from tether.config import AppConfig
 from tether.db.connection import DedicatedConnection
 from tether.outcomes import Outcome
-from tether.result import ErrorCode, TaskError
+from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.backoff import Backoff
 from tether.workflow import engine
 
@@ -106,7 +106,7 @@ class Recorder:
                     time.sleep(delay)
                     retried = True
 
-    def fence(self, task: TaskPayload, expect: str) -> Fence:
+    def fence(self, task: TaskPayload, expect: TaskStatus) -> Fence:
         return Fence(task.id, task.attempt, self.worker_id, expect)
 
     # -- statements -------------------------------------------------------------
@@ -116,20 +116,20 @@ class Recorder:
         started, retried = self._with_retry(
             f"starting task {task.id}", lambda c: claims.start_task(c, task, self.worker_id)
         )
-        return started or self._explain_miss(task, "start", retried, settled="RUNNING") is not None
+        return started or self._explain_miss(task, "start", retried, settled=TaskStatus.RUNNING) is not None
 
     def record(
         self, task: TaskPayload, outcome: Outcome, next_task: TaskPayload | None = None
-    ) -> tuple[str | None, bool | None]:
+    ) -> tuple[TaskStatus | None, bool | None]:
         """Record the outcome (and start ``next_task`` in the same transaction).
 
         Returns (the status the row settled in, None when the outcome was not recorded;
         next started, or None when there was no next). The status is the outcome's, except
         that a failure of a task whose cancel was requested settles as CANCELLED.
         """
-        fence = self.fence(task, "RUNNING")
+        fence = self.fence(task, TaskStatus.RUNNING)
 
-        def work(c: Conn) -> tuple[str | None, bool | None]:
+        def work(c: Conn) -> tuple[TaskStatus | None, bool | None]:
             # One statement in autocommit: the outcome, its attempt row and the next
             # task's start commit together, in one round trip.
             done = claims.record_outcome(
@@ -141,14 +141,14 @@ class Recorder:
         if settled is None:
             settled = self._explain_miss(task, "record its outcome", retried, settled=outcome.settles_as)
         if next_task is not None and not started:
-            started = self._explain_miss(next_task, "start", retried, settled="RUNNING") is not None
+            started = self._explain_miss(next_task, "start", retried, settled=TaskStatus.RUNNING) is not None
         if settled is not None:
             self.after_outcome(task, settled)
         return settled, started
 
     def write_batch(
         self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload] = ()
-    ) -> tuple[dict[str, str], set[str]]:
+    ) -> tuple[dict[str, TaskStatus], set[str]]:
         """Record many outcomes and start many tasks in one statement; returns (the status each
         recorded task settled in, the ids started).
 
@@ -163,14 +163,16 @@ class Recorder:
         missed_starts = [t for t in starts if t.id not in started]
         if missed_starts:
             started |= set(
-                self._explain_misses(missed_starts, {t.id: "RUNNING" for t in missed_starts}, retried)
+                self._explain_misses(
+                    missed_starts, {t.id: TaskStatus.RUNNING for t in missed_starts}, retried
+                )
             )
         self.after_outcomes([w.task for w in outcomes if w.task.id in settled], settled)
         return settled, started
 
     def _write_batch(
         self, outcomes: Sequence[OutcomeWrite], starts: Sequence[TaskPayload]
-    ) -> tuple[dict[str, str], set[str], bool]:
+    ) -> tuple[dict[str, TaskStatus], set[str], bool]:
         """The batch in one statement: (settled statuses, started, whether it ran more than once)."""
         what = f"writing {len(outcomes)} outcome(s) and {len(starts)} start(s)"
         try:
@@ -198,7 +200,7 @@ class Recorder:
         started = {t.id for t in starts if self.start(t)}
         return settled, started, False
 
-    def _record_alone(self, write: OutcomeWrite) -> str | None:
+    def _record_alone(self, write: OutcomeWrite) -> TaskStatus | None:
         """One outcome on its own; if the database refuses it, a failure that says why instead.
         Returns the status the row settled in, None if the write matched nothing."""
         fence = self.fence(write.task, write.expect)
@@ -253,9 +255,9 @@ class Recorder:
                 code = w.outcome.error_code
                 verdicts[w.task.id] = (
                     f"retry scheduled after {code}"
-                    if status == "PENDING"
+                    if status is TaskStatus.PENDING
                     else "CANCELLED (its cancel had been requested)"
-                    if status == "CANCELLED" and code != ErrorCode.TASK_CANCELLED
+                    if status is TaskStatus.CANCELLED and code != ErrorCode.TASK_CANCELLED
                     else f"{status} with {code}"
                 )
         self.after_outcomes([w.task for w in writes if w.task.id in settled], settled)
@@ -270,16 +272,19 @@ class Recorder:
                 )
         return verdicts
 
-    def after_outcomes(self, written: Sequence[TaskPayload], settled: Mapping[str, str]) -> None:
+    def after_outcomes(self, written: Sequence[TaskPayload], settled: Mapping[str, TaskStatus]) -> None:
         """after_outcome for a batch (``settled``: each task's status now): one advance per workflow."""
         steps: dict[str, list[str]] = {}
         for task in written:
-            if task.workflow_id is not None and settled.get(task.id, "PENDING") != "PENDING":
+            if (
+                task.workflow_id is not None
+                and settled.get(task.id, TaskStatus.PENDING) is not TaskStatus.PENDING
+            ):
                 steps.setdefault(task.workflow_id, []).append(task.id)
         for workflow_id, task_ids in steps.items():
             self._advance(workflow_id, task_ids)
 
-    def record_for(self, task: TaskPayload, outcome: Outcome, *, expect: str) -> bool:
+    def record_for(self, task: TaskPayload, outcome: Outcome, *, expect: TaskStatus) -> bool:
         """Record an outcome decided outside the child (crash, unregistered): ``expect`` -> outcome."""
         fence = self.fence(task, expect)
         done, retried = self._with_retry(
@@ -293,14 +298,14 @@ class Recorder:
             self.after_outcome(task, settled)
         return settled is not None
 
-    def after_outcome(self, task: TaskPayload, settled: str) -> None:
+    def after_outcome(self, task: TaskPayload, settled: TaskStatus) -> None:
         """A workflow step's task has ended (``settled``: its status now; PENDING, a retry, has
         not ended): advance its workflow (a transaction of its own).
 
         If this process dies first, the step stays ENQUEUED with an ended task and
         the reaper's reconciliation advances the workflow instead.
         """
-        if task.workflow_id is None or settled == "PENDING":
+        if task.workflow_id is None or settled is TaskStatus.PENDING:
             return
         self._advance(task.workflow_id, [task.id])
 
@@ -340,15 +345,22 @@ class Recorder:
         )
         return reported
 
-    def _explain_miss(self, task: TaskPayload, action: str, retried: bool, *, settled: str) -> str | None:
+    def _explain_miss(
+        self, task: TaskPayload, action: str, retried: bool, *, settled: TaskStatus
+    ) -> TaskStatus | None:
         """A fenced write matched nothing. The row's status if it was in fact our own earlier
         commit, else None."""
         now, _ = self._with_retry(f"reading task {task.id}", lambda c: claims.read_fence(c, task.id))
         return now.status if now is not None and self._judge(task, now, action, retried, settled) else None
 
     def _explain_misses(
-        self, tasks: Sequence[TaskPayload], settled: Mapping[str, str], retried: bool, *, quiet: bool = False
-    ) -> dict[str, str]:
+        self,
+        tasks: Sequence[TaskPayload],
+        settled: Mapping[str, TaskStatus],
+        retried: bool,
+        *,
+        quiet: bool = False,
+    ) -> dict[str, TaskStatus]:
         """_explain_miss for the misses of a batch, read in one statement; returns the status of
         each that was our own earlier commit. quiet: a miss is expected (a crash record), do not warn."""
         fences, _ = self._with_retry(
@@ -357,7 +369,7 @@ class Recorder:
         ours = {}
         for task in tasks:
             expected = settled[task.id]
-            action = "start" if expected == "RUNNING" else "record its outcome"
+            action = "start" if expected is TaskStatus.RUNNING else "record its outcome"
             now = fences.get(task.id)
             if now is not None and self._judge(task, now, action, retried, expected, quiet=quiet):
                 ours[task.id] = now.status
@@ -369,7 +381,7 @@ class Recorder:
         now: FenceState | None,
         action: str,
         retried: bool,
-        settled: str,
+        settled: TaskStatus,
         *,
         quiet: bool = False,
     ) -> bool:
@@ -378,11 +390,14 @@ class Recorder:
             and now is not None
             and now.attempt == task.attempt
             # A failure of a task whose cancel was requested settles as CANCELLED.
-            and (now.status == settled or (now.status == "CANCELLED" and settled in ("FAILED", "PENDING")))
+            and (
+                now.status is settled
+                or (now.status is TaskStatus.CANCELLED and settled in (TaskStatus.FAILED, TaskStatus.PENDING))
+            )
             and now.owner in (self.worker_id, None)
             # An outcome is ours only if this process wrote its attempt row (a reaper
             # that recorded the same status leaves pid NULL); a start has no such row.
-            and (settled == "RUNNING" or now.recorded_by_pid == self.pid)
+            and (settled is TaskStatus.RUNNING or now.recorded_by_pid == self.pid)
         ):
             log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
             return True

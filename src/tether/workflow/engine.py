@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tether.broker import workflows
 from tether.broker.types import AsyncConn, Conn
 from tether.broker.workflows import ChangedStep, DependentUpdate, NewStep, NewWorkflow
+from tether.result import StepStatus, WorkflowStatus
 
 log = logging.getLogger("tether.workflow")
 
@@ -31,7 +32,7 @@ class Advanced:
     settled: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     enqueued: int = 0
-    status: str | None = None  # the workflow's status afterwards (None: nothing to do)
+    status: WorkflowStatus | None = None  # the workflow's status afterwards (None: nothing to do)
 
 
 def start(conn: Conn, workflow: NewWorkflow, steps: list[NewStep]) -> None:
@@ -90,7 +91,12 @@ def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UU
 
 
 def _settle(
-    conn: Conn, workflow_id: uuid.UUID | str, name: str, was: str, task_ids: list[str], done: Advanced
+    conn: Conn,
+    workflow_id: uuid.UUID | str,
+    name: str,
+    was: WorkflowStatus,
+    task_ids: list[str],
+    done: Advanced,
 ) -> None:
     """Settle steps whose tasks ended, count them, enqueue what became ready; the workflow is locked.
 
@@ -103,22 +109,22 @@ def _settle(
             return
         skipped_before = len(done.skipped)
         done.settled += [s.node for s in settled]
-        failed = sum(1 for s in settled if s.status != "COMPLETED")
+        failed = sum(1 for s in settled if s.status is not StepStatus.COMPLETED)
         ready = _propagate(conn, workflow_id, settled, done)
         status = _account(conn, workflow_id, len(settled) + len(done.skipped) - skipped_before, failed)
         done.status = status
         task_ids = []
-        if status == "RUNNING" and ready:
+        if status is WorkflowStatus.RUNNING and ready:
             enqueued = workflows.enqueue_steps(conn, workflow_id, ready)
             done.enqueued += enqueued.count
             task_ids = enqueued.refused
-        if status == "PAUSED" and failed and was == "RUNNING":
+        if status is WorkflowStatus.PAUSED and failed and was is WorkflowStatus.RUNNING:
             log.warning(
                 "workflow %s (%s) paused: a step failed and on_error='pause'; resume() or cancel() it",
                 workflow_id,
                 name,
             )
-        if status in ("COMPLETED", "FAILED") and was != status:
+        if status in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED) and was is not status:
             log.info("workflow %s (%s) finished %s", workflow_id, name, status)
         was = status
 
@@ -138,7 +144,7 @@ def _propagate(
         for moved in finished:
             for dependent in map(str, moved.dependents):
                 ended[dependent] = ended.get(dependent, 0) + 1
-                completed[dependent] = completed.get(dependent, 0) + (moved.status == "COMPLETED")
+                completed[dependent] = completed.get(dependent, 0) + (moved.status is StepStatus.COMPLETED)
         if not ended:
             break
         waiting = workflows.waiting_dependents(conn, workflow_id, list(ended))
@@ -153,26 +159,26 @@ def _propagate(
             status = _next_status(step.join_mode, step.run_anyway, left, ok, bad)
             updates[task_id] = DependentUpdate(waiting_on=left, deps_ok=ok, deps_failed=bad, status=status)
         changed = workflows.update_dependents(conn, workflow_id, updates)
-        ready += [str(s.task_id) for s in changed if s.status == "READY"]
-        finished = [s for s in changed if s.status == "SKIPPED"]
+        ready += [str(s.task_id) for s in changed if s.status is StepStatus.READY]
+        finished = [s for s in changed if s.status is StepStatus.SKIPPED]
         done.skipped += [s.node for s in finished]
     return ready
 
 
-def _next_status(join: str, run_anyway: bool, waiting_on: int, deps_ok: int, deps_failed: int) -> str:
+def _next_status(join: str, run_anyway: bool, waiting_on: int, deps_ok: int, deps_failed: int) -> StepStatus:
     """A dependent's status once some of its dependencies have ended."""
     if join == "all":
         if deps_failed and not run_anyway:
-            return "SKIPPED"  # at once: it can no longer run, whatever the others do
-        return "READY" if waiting_on == 0 else "WAITING"
+            return StepStatus.SKIPPED  # at once: it can no longer run, whatever the others do
+        return StepStatus.READY if waiting_on == 0 else StepStatus.WAITING
     if deps_ok:
-        return "READY"  # join="any": the first dependency that completes
+        return StepStatus.READY  # join="any": the first dependency that completes
     if waiting_on == 0:
-        return "READY" if run_anyway else "SKIPPED"
-    return "WAITING"
+        return StepStatus.READY if run_anyway else StepStatus.SKIPPED
+    return StepStatus.WAITING
 
 
-def _account(conn: Conn, workflow_id: uuid.UUID | str, done: int, failed: int) -> str:
+def _account(conn: Conn, workflow_id: uuid.UUID | str, done: int, failed: int) -> WorkflowStatus:
     status = workflows.account_steps(conn, workflow_id, done=done, failed=failed)
     assert status is not None, "the workflow row is locked by this transaction"
     return status
@@ -201,7 +207,7 @@ def cancel_leftovers(conn: Conn, workflow_id: uuid.UUID | str) -> int:
     scheduled after the cancel). Returns how many steps that settled."""
     with conn.transaction():
         wf = workflows.lock_workflow(conn, workflow_id)
-        if wf is None or wf.status != "CANCELLED":
+        if wf is None or wf.status is not WorkflowStatus.CANCELLED:
             return 0
         settled = _cancel_step_tasks(conn, workflow_id)
         _account(conn, workflow_id, settled, 0)
@@ -236,19 +242,19 @@ def pause(conn: Conn, workflow_id: uuid.UUID | str) -> bool:
         return workflows.pause_workflow(conn, workflow_id)
 
 
-def finalize(conn: Conn, workflow_id: uuid.UUID | str) -> str | None:
+def finalize(conn: Conn, workflow_id: uuid.UUID | str) -> WorkflowStatus | None:
     """Finish a workflow whose steps have all ended, or enqueue READY steps left behind."""
     with conn.transaction():
         wf = workflows.lock_workflow(conn, workflow_id)
         if wf is None:
             return None
         status = _account(conn, workflow_id, 0, 0)
-        if status == "RUNNING":
+        if status is WorkflowStatus.RUNNING:
             return _enqueue_all_ready(conn, workflow_id, wf.name) or status
         return status
 
 
-def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str, name: str) -> str | None:
+def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str, name: str) -> WorkflowStatus | None:
     """Turn every READY step into a task; settle those refused (key held) at once.
 
     Returns the workflow's status when refusals moved it, else None.
@@ -260,5 +266,5 @@ def _enqueue_all_ready(conn: Conn, workflow_id: uuid.UUID | str, name: str) -> s
     if not enqueued.refused:
         return None
     done = Advanced()
-    _settle(conn, workflow_id, name, "RUNNING", enqueued.refused, done)
+    _settle(conn, workflow_id, name, WorkflowStatus.RUNNING, enqueued.refused, done)
     return done.status

@@ -3,57 +3,23 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from tether.app_view import AppView
 from tether.broker import workflows
 from tether.broker.answers import CHANGED
-from tether.broker.workflows import StepRow, WatchedWorkflow, WorkflowRow
+
+# Public as tether.StepInfo and tether.WorkflowInfo (and importable from here, as always).
+from tether.broker.rows import StepInfo as StepInfo
+from tether.broker.rows import WorkflowInfo as WorkflowInfo
+from tether.broker.workflows import WorkflowState
 from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
 from tether.handle import TaskHandle
 from tether.offload import in_thread
-from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
+from tether.result import ErrorCode, TaskError, TaskResult, WorkflowStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
 from tether.workflow import engine
-
-
-@dataclass(frozen=True, slots=True)
-class StepInfo:
-    """One step of a workflow as stored, with its task's status once it has a task."""
-
-    node: int
-    name: str
-    task_name: str
-    task_id: uuid.UUID
-    status: StepStatus
-    task_status: TaskStatus | None  # None until the step is enqueued
-    depends_on: tuple[str, ...]
-    join: str
-    run_anyway: bool
-    attempt: int | None
-    error_code: str | None
-    result: TaskResult[Any, TaskError] | None
-    enqueued_at: datetime | None
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowInfo:
-    id: uuid.UUID
-    name: str
-    status: WorkflowStatus
-    on_error: str
-    steps_total: int
-    steps_done: int
-    steps_failed: int
-    created_at: datetime
-    updated_at: datetime
-    paused_at: datetime | None
-    finished_at: datetime | None
-    steps: tuple[StepInfo, ...]
 
 
 class WorkflowHandle:
@@ -74,22 +40,24 @@ class WorkflowHandle:
     # -- reading -------------------------------------------------------------
 
     def status(self) -> WorkflowStatus:
-        return WorkflowStatus(self._row().status)
+        return self._state().status
 
     async def status_async(self) -> WorkflowStatus:
         return await in_thread(self.status)
 
     def info(self) -> WorkflowInfo:
-        row = self._row()
-        return _info(row, self._steps())
+        info = self.app.broker.run(lambda c: workflows.get_workflow(c, self.id))
+        if info is None:
+            raise self._not_found()
+        return info
 
     async def info_async(self) -> WorkflowInfo:
         return await in_thread(self.info)
 
     def results(self) -> dict[str, TaskResult[Any, TaskError] | None]:
         """Every step's result by node name; None for steps that have not finished."""
-        self._row()
-        return {s.node_name: _step_result(s) for s in self._steps()}
+        self._state()
+        return {s.name: s.result for s in self._steps()}
 
     async def results_async(self) -> dict[str, TaskResult[Any, TaskError] | None]:
         return await in_thread(self.results)
@@ -97,7 +65,7 @@ class WorkflowHandle:
     def task(self, node_name: str) -> TaskHandle[Any]:
         """The TaskHandle of one step (its task may not exist yet: see info())."""
         for step in self._steps():
-            if step.node_name == node_name:
+            if step.name == node_name:
                 return TaskHandle(self.app, step.task_id, step.task_name)
         raise KeyError(f"workflow {self.id} has no node named {node_name!r}")
 
@@ -156,12 +124,12 @@ class WorkflowHandle:
         return self._outcome(self.app.broker.run(lambda c: workflows.watch_workflow(c, self.id)))
 
     def _read(self) -> TaskResult[Any, TaskError] | None:
-        return self._outcome(self.app.broker.run(lambda c: workflows.get_workflow(c, self.id)))
+        return self._outcome(self.app.broker.run(lambda c: workflows.workflow_state(c, self.id)))
 
-    def _outcome(self, row: WatchedWorkflow | WorkflowRow | None) -> TaskResult[Any, TaskError] | None:
+    def _outcome(self, row: WorkflowState | None) -> TaskResult[Any, TaskError] | None:
         if row is None:
             return TaskResult(err=TaskError(ErrorCode.WORKFLOW_NOT_FOUND, f"no workflow with id {self.id}"))
-        status = WorkflowStatus(row.status)
+        status = row.status
         if not status.is_terminal:
             return None
         if status is WorkflowStatus.CANCELLED:
@@ -199,55 +167,14 @@ class WorkflowHandle:
             )
         )
 
-    def _row(self) -> WorkflowRow:
-        row = self.app.broker.run(lambda c: workflows.get_workflow(c, self.id))
-        if row is None:
-            raise WorkflowNotFoundError(
-                f"no workflow with id {self.id} (never started, or pruned by retention)"
-            )
-        return row
+    def _state(self) -> WorkflowState:
+        state = self.app.broker.run(lambda c: workflows.workflow_state(c, self.id))
+        if state is None:
+            raise self._not_found()
+        return state
 
-    def _steps(self) -> list[StepRow]:
+    def _not_found(self) -> WorkflowNotFoundError:
+        return WorkflowNotFoundError(f"no workflow with id {self.id} (never started, or pruned by retention)")
+
+    def _steps(self) -> list[StepInfo]:
         return self.app.broker.run(lambda c: workflows.get_workflow_steps(c, self.id))
-
-
-def _step_result(step: StepRow) -> TaskResult[Any, TaskError] | None:
-    if not StepStatus(step.status).is_terminal or step.result is None:
-        return None
-    return decode_result(step.result)
-
-
-def _info(row: WorkflowRow, steps: list[StepRow]) -> WorkflowInfo:
-    names = {s.node: s.node_name for s in steps}
-    return WorkflowInfo(
-        id=row.id,
-        name=row.name,
-        status=WorkflowStatus(row.status),
-        on_error=row.on_error,
-        steps_total=row.steps_total,
-        steps_done=row.steps_done,
-        steps_failed=row.steps_failed,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        paused_at=row.paused_at,
-        finished_at=row.finished_at,
-        steps=tuple(
-            StepInfo(
-                node=s.node,
-                name=s.node_name,
-                task_name=s.task_name,
-                task_id=s.task_id,
-                status=StepStatus(s.status),
-                task_status=TaskStatus(s.task_status) if s.task_status else None,
-                depends_on=tuple(names[d] for d in s.depends_on),
-                join=s.join_mode,
-                run_anyway=s.run_anyway,
-                attempt=s.attempt,
-                error_code=s.error_code,
-                result=_step_result(s),
-                enqueued_at=s.enqueued_at,
-                finished_at=s.finished_at,
-            )
-            for s in steps
-        ),
-    )

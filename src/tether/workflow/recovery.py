@@ -84,7 +84,7 @@ def reconcile(
             )
             continue
         status = engine.finalize(conn, workflow_id)
-        if status in ("COMPLETED", "FAILED"):
+        if status in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED):
             done.finished.append(str(workflow_id))
             log.warning("workflow %s: all steps had ended; finished it %s", workflow_id, status)
     return done
@@ -143,7 +143,7 @@ def reconcile_and_report(conn: Conn, *, dry_run: bool, limit: int = BATCH) -> Re
 
 
 def _is_open(state: WorkflowState) -> bool:
-    return not WorkflowStatus(state.status).is_terminal
+    return not state.status.is_terminal
 
 
 def _statuses(conn: Conn, ids: list[uuid.UUID]) -> dict[uuid.UUID, WorkflowState]:

@@ -20,11 +20,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from tether.broker import retries
-from tether.broker.retries import StepChange, StepRow
+from tether.broker.retries import StepChange, StepToReopen
 from tether.broker.types import Conn
+from tether.result import StepStatus, WorkflowStatus
 from tether.workflow import engine
 
-_NOT_OK = frozenset({"FAILED", "SKIPPED", "CANCELLED"})
+_NOT_OK = frozenset({StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.CANCELLED})
 
 
 @dataclass
@@ -47,21 +48,22 @@ class Refusal:
     reason: str
 
 
-def plan(conn: Conn, workflow_id: uuid.UUID, step: StepRow) -> Plan | Refusal:
+def plan(conn: Conn, workflow_id: uuid.UUID, step: StepToReopen) -> Plan | Refusal:
     """How to reopen the workflow for ``step``, or why it cannot be done."""
-    if step.status == "ENQUEUED":
+    if step.status is StepStatus.ENQUEUED:
         # Its task ended but the workflow has not taken the outcome yet (the advance that
         # follows the outcome, or the reaper's reconciliation, will find the task PENDING
         # again and leave the step alone): only the task is retried.
         return Plan()
-    if step.status not in ("FAILED", "CANCELLED"):
+    if step.status not in (StepStatus.FAILED, StepStatus.CANCELLED):
         return Refusal(f"its step {step.node_name!r} is {step.status}")
     found = Plan(done=1, failed=1)
     found.changes[str(step.task_id)] = _counted(
-        step, "ENQUEUED", step.waiting_on, step.deps_ok, step.deps_failed, reopen=True
+        step, StepStatus.ENQUEUED, step.waiting_on, step.deps_ok, step.deps_failed, reopen=True
     )
-    now: dict[int, str] = {step.node: "ENQUEUED"}  # statuses as planned, over the stored ones
-    stored: dict[int, str] = {}
+    # statuses as planned, over the stored ones
+    now: dict[int, StepStatus] = {step.node: StepStatus.ENQUEUED}
+    stored: dict[int, StepStatus] = {}
     frontier = [step]
     while frontier:
         ids = {str(d) for r in frontier for d in r.dependents}
@@ -71,7 +73,7 @@ def plan(conn: Conn, workflow_id: uuid.UUID, step: StepRow) -> Plan | Refusal:
         nodes = {n for s in dependents.values() for n in s.depends_on if n not in now and n not in stored}
         if nodes:
             stored.update(retries.step_statuses(conn, workflow_id, sorted(nodes)))
-        after: list[StepRow] = []
+        after: list[StepToReopen] = []
         for reopened in frontier:
             for dep_id in map(str, reopened.dependents):
                 dep = dependents[dep_id]
@@ -85,13 +87,13 @@ def plan(conn: Conn, workflow_id: uuid.UUID, step: StepRow) -> Plan | Refusal:
                         f"{reopened.node_name!r} ended, with its outcome; that run cannot be taken "
                         "back (start a new workflow instead)"
                     )
-                if dep.status not in ("WAITING", "READY", "SKIPPED"):
+                if dep.status not in (StepStatus.WAITING, StepStatus.READY, StepStatus.SKIPPED):
                     return Refusal(f"step {dep.node_name!r} of its workflow is {dep.status}")
                 waiting, ok, bad = _count(dep, now, stored)
                 status = engine._next_status(dep.join_mode, dep.run_anyway, waiting, ok, bad)
                 change = found.changes.get(dep_id)
-                if dep.status == "SKIPPED" and change is None:
-                    if status == "SKIPPED":
+                if dep.status is StepStatus.SKIPPED and change is None:
+                    if status is StepStatus.SKIPPED:
                         continue  # another of its dependencies did not complete either
                     found.changes[dep_id] = _counted(dep, status, waiting, ok, bad, reopen=True)
                     found.done += 1
@@ -101,17 +103,17 @@ def plan(conn: Conn, workflow_id: uuid.UUID, step: StepRow) -> Plan | Refusal:
                 else:
                     # A waiting (or held READY) step, or one reopened already: counted again.
                     # One failure fewer can never skip it.
-                    if status == "SKIPPED":
+                    if status is StepStatus.SKIPPED:
                         return Refusal(f"step {dep.node_name!r} of its workflow has inconsistent counters")
                     found.changes[dep_id] = _counted(
-                        dep, status, waiting, ok, bad, reopen=dep.status == "SKIPPED"
+                        dep, status, waiting, ok, bad, reopen=dep.status is StepStatus.SKIPPED
                     )
                     now[dep.node] = status
         frontier = after
     return found
 
 
-def apply(conn: Conn, workflow_id: uuid.UUID, found: Plan) -> str | None:
+def apply(conn: Conn, workflow_id: uuid.UUID, found: Plan) -> WorkflowStatus | None:
     """Write the plan; the workflow's status afterwards (None: nothing to write)."""
     if not found.settled:
         return None
@@ -124,12 +126,14 @@ def apply(conn: Conn, workflow_id: uuid.UUID, found: Plan) -> str | None:
     return retries.reopen_workflow(conn, workflow_id, done=found.done, failed=found.failed)
 
 
-def _count(step: StepRow, now: dict[int, str], stored: dict[int, str]) -> tuple[int, int, int]:
+def _count(
+    step: StepToReopen, now: dict[int, StepStatus], stored: dict[int, StepStatus]
+) -> tuple[int, int, int]:
     """(waiting_on, deps_ok, deps_failed) from its dependencies' statuses, as planned."""
     waiting = ok = bad = 0
     for node in step.depends_on:
-        status = now.get(node) or stored.get(node, "WAITING")
-        if status == "COMPLETED":
+        status = now.get(node) or stored.get(node, StepStatus.WAITING)
+        if status is StepStatus.COMPLETED:
             ok += 1
         elif status in _NOT_OK:
             bad += 1
@@ -139,7 +143,9 @@ def _count(step: StepRow, now: dict[int, str], stored: dict[int, str]) -> tuple[
     return waiting, ok, bad
 
 
-def _counted(step: StepRow, status: str, waiting: int, ok: int, bad: int, *, reopen: bool) -> StepChange:
+def _counted(
+    step: StepToReopen, status: StepStatus, waiting: int, ok: int, bad: int, *, reopen: bool
+) -> StepChange:
     return StepChange(
         was=step.status, status=status, waiting_on=waiting, deps_ok=ok, deps_failed=bad, reopen=reopen
     )

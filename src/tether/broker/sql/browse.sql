@@ -43,7 +43,8 @@ JOIN tether_workflows w ON w.id = s.workflow_id
 WHERE s.task_id = %(id)s;
 
 -- name: browse_workflows
-SELECT id, name, status, on_error, steps_total, steps_done, steps_failed, created_at, finished_at
+SELECT id, name, status, on_error, steps_total, steps_done, steps_failed, created_at, updated_at,
+       paused_at, finished_at
 FROM tether_workflows
 WHERE id < %(before)s::uuid
   AND (%(status)s::text IS NULL OR status = %(status)s::text)

@@ -62,7 +62,7 @@ FROM ins GROUP BY queue
 HAVING min(run_at) > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END;
 
 -- name: get_task
-SELECT id, name, queue, priority, status, args, kwargs, result, error_code, attempt,
+SELECT id, name, queue, priority, status, args, kwargs, result AS stored_result, error_code, attempt,
        retry_count, max_retries, retry_policy, good_until, unique_key, run_at, sent_at, enqueued_at,
        claimed_at, started_at, completed_at, failed_at, cancelled_at, expired_at,
        next_retry_at, updated_at, claimed_by_worker_id, progress, progress_at,
@@ -151,9 +151,10 @@ SELECT id, status, workflow_id, claimed_by_worker_id, cancel_requested_at, cance
 FROM c;
 
 -- name: list_tasks
-SELECT id, name, queue, priority, status, attempt, retry_count, error_code, sent_at,
-       started_at, coalesce(completed_at, failed_at, cancelled_at, expired_at) AS finished_at,
-       claimed_by_worker_id
+-- The same columns as browse.sql's browse_tasks (one row type: TaskSummary).
+SELECT id, name, queue, priority, status, attempt, retry_count, max_retries, error_code,
+       sent_at, started_at, coalesce(completed_at, failed_at, cancelled_at, expired_at) AS finished_at,
+       claimed_by_worker_id, workflow_id, cancel_requested_at
 FROM tether_tasks
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)

@@ -325,7 +325,7 @@ DELETE FROM tether_workflows WHERE id IN (SELECT id FROM old)
 -- A result waiter asks to be notified; the row lock orders this against the
 -- finishing UPDATE, so either the finisher sees the flag or we see the status.
 UPDATE tether_workflows SET notify_on_done = true WHERE id = %(id)s
-RETURNING status, output_node;
+RETURNING id, name, status, output_node;
 
 -- name: get_workflow
 SELECT id, name, status, on_error, output_node, steps_total, steps_done, steps_failed,
@@ -357,7 +357,9 @@ ORDER BY finished_at, node
 LIMIT 50;
 
 -- name: list_workflows
-SELECT id, name, status, on_error, steps_total, steps_done, steps_failed, created_at, finished_at
+-- The workflow's own columns (WorkflowSummary: get_workflow's but output_node).
+SELECT id, name, status, on_error, steps_total, steps_done, steps_failed, created_at, updated_at,
+       paused_at, finished_at
 FROM tether_workflows
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(name)s::text IS NULL OR name = %(name)s)
@@ -365,7 +367,7 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: workflow_statuses
--- `tether recover`: the workflows it reconciles, read before and after.
-SELECT id, name, status FROM tether_workflows
+-- `tether recover`: the workflows it reconciles, read before and after; a handle's status().
+SELECT id, name, status, output_node FROM tether_workflows
 WHERE id = ANY(%(ids)s::uuid[])
 ORDER BY id;

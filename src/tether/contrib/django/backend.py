@@ -127,10 +127,10 @@ class TetherBackend(BaseTaskBackend):  # type: ignore[misc]  # Django has no typ
         stored = results.read(self.app, task_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
-        task = self.django_task(stored.row.name)
+        task = self.django_task(stored.name)
         if task is None:
             raise TaskResultDoesNotExist(
-                f"{result_id}: tether task {stored.row.name!r} is not a Django task of an installed app"
+                f"{result_id}: tether task {stored.name!r} is not a Django task of an installed app"
             )
         return results.to_django(stored, task, self.alias, self.queues)
 

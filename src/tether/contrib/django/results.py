@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +30,7 @@ from django.utils import timezone
 from tether import codec
 from tether.app import Tether
 from tether.broker import tasks
-from tether.broker.tasks import AttemptInfo, TaskRow
+from tether.broker.rows import AttemptInfo, TaskInfo
 from tether.contrib.django.errors import CODE_CLASSES, TetherTaskError, class_path
 from tether.result import ErrorCode, TaskStatus
 from tether.result import TaskError as TetherError
@@ -46,14 +46,6 @@ STATUSES: dict[TaskStatus, Any] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class StoredTask:
-    """A task's row and its finished attempts, read together."""
-
-    row: TaskRow
-    attempts: list[AttemptInfo]
-
-
 def parse_result_id(result_id: Any) -> uuid.UUID | None:
     """The task id a Django result id stands for (its text form), or None if it is not one."""
     if isinstance(result_id, uuid.UUID):
@@ -64,22 +56,15 @@ def parse_result_id(result_id: Any) -> uuid.UUID | None:
         return None
 
 
-def read(app: Tether, task_id: uuid.UUID) -> StoredTask | None:
+def read(app: Tether, task_id: uuid.UUID) -> TaskInfo | None:
     """The task's row and attempts (one pooled connection), or None if there is no such task."""
-
-    def both(conn: Any) -> StoredTask | None:
-        row = tasks.get_task(conn, task_id)
-        return None if row is None else StoredTask(row, tasks.get_attempts(conn, task_id))
-
-    stored: StoredTask | None = app.broker.run(both)
-    return stored
+    return app.broker.run(lambda conn: tasks.get_task(conn, task_id))
 
 
-def to_django(stored: StoredTask, task: Any, backend_alias: str, queues: set[str]) -> Any:
-    """Django's TaskResult for ``stored``; ``task`` is the Django Task named by the row."""
-    row = stored.row
-    status = TaskStatus(row.status)
-    attempts = _settled_attempts(row, stored.attempts)
+def to_django(row: TaskInfo, task: Any, backend_alias: str, queues: set[str]) -> Any:
+    """Django's TaskResult for the task ``row``; ``task`` is the Django Task named by the row."""
+    status = row.status
+    attempts = _settled_attempts(row, row.attempts)
     ran = [a for a in attempts if a.started_at is not None]
     result = decoded_result(row)
     # The row's queue and priority are what this run was sent with (Task.using at enqueue).
@@ -113,12 +98,12 @@ def django_time(value: datetime | None) -> datetime | None:
     return naive
 
 
-def decoded_result(row: TaskRow) -> Any:
+def decoded_result(row: TaskInfo) -> Any:
     """The stored tether TaskResult (a retry-pending row keeps its last failure), or None."""
-    return None if row.result is None else codec.decode_result(row.result)
+    return None if row.stored_result is None else codec.decode_result(row.stored_result)
 
 
-def _settled_attempts(row: TaskRow, attempts: list[AttemptInfo]) -> list[AttemptInfo]:
+def _settled_attempts(row: TaskInfo, attempts: Sequence[AttemptInfo]) -> list[AttemptInfo]:
     """The attempts the row already reflects.
 
     The row and its attempts are two reads: an outcome recorded between them adds an
@@ -127,14 +112,14 @@ def _settled_attempts(row: TaskRow, attempts: list[AttemptInfo]) -> list[Attempt
     """
     if row.status in (TaskStatus.CLAIMED, TaskStatus.RUNNING):
         return [a for a in attempts if a.attempt < row.attempt]
-    return attempts
+    return list(attempts)
 
 
-def _finished_at(row: TaskRow) -> Any:
+def _finished_at(row: TaskInfo) -> Any:
     return row.completed_at or row.failed_at or row.cancelled_at or row.expired_at
 
 
-def _errors(row: TaskRow, attempts: list[AttemptInfo], result: Any) -> list[Any]:
+def _errors(row: TaskInfo, attempts: list[AttemptInfo], result: Any) -> list[Any]:
     """One Django TaskError per failed attempt; the row's own failure when no attempt ran."""
     latest: TetherError | None = result.err if result is not None and not result.is_ok else None
     errors = []
@@ -174,15 +159,13 @@ def _builtin_or_unknown(name: str) -> str:
     return class_path(CODE_CLASSES[ErrorCode.UNHANDLED_EXCEPTION])
 
 
-def running_result(
-    stored: StoredTask, task: Any, backend_alias: str, queues: set[str], worker_id: str
-) -> Any:
+def running_result(row: TaskInfo, task: Any, backend_alias: str, queues: set[str], worker_id: str) -> Any:
     """The TaskResult of the run in progress (for TaskContext and the task_started signal).
 
     As Django's immediate backend does, the running worker is counted in ``worker_ids``,
     so ``TaskContext.attempt`` is the number of this run, from 1.
     """
-    result = to_django(stored, task, backend_alias, queues)
+    result = to_django(row, task, backend_alias, queues)
     object.__setattr__(result, "status", TaskResultStatus.RUNNING)
     result.worker_ids.append(worker_id)
     return result

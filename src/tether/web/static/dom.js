@@ -1,5 +1,6 @@
 // Building the page from data. Every value goes in as text (textContent, attributes set
 // one by one), never as HTML: task names, arguments, errors and hosts are data.
+import { act } from "./net.js";
 
 export function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -145,4 +146,43 @@ export function confirmButton(label, question, yesLabel, onYes, ctx, attrs) {
     holder.appendChild(box);
   });
   return holder;
+}
+
+// A button for an action tried as a dry run first ("Retry matching…", "Recover now…"): the
+// dry run's answer is shown in a panel (its message, then what preview(dry) adds), with a
+// button that sends the real action (labelled confirmLabel(dry); none when that is null)
+// and one that closes the panel. The page is not redrawn while the panel is open.
+export function dryRunButton(ctx, { label, ids, action, body, preview, confirmLabel }) {
+  const box = el("div", { class: "actions", id: ids.box });
+  const start = el("button", { type: "button", id: ids.start }, label);
+  box.appendChild(start);
+  start.addEventListener("click", async () => {
+    ctx.hold(true);
+    start.disabled = true;
+    let dry;
+    try {
+      dry = await act(action, { ...body, dry_run: true });
+    } catch (err) {
+      ctx.flash(`${action}: ${err.message}`, true);
+      start.disabled = false;
+      ctx.hold(false);
+      return;
+    }
+    const close = () => { panel.remove(); start.disabled = false; ctx.hold(false); };
+    const yesLabel = confirmLabel(dry);
+    const yes = yesLabel === null ? null : el("button", { type: "button", class: "danger", id: ids.confirm }, yesLabel);
+    const no = el("button", { type: "button" }, "Cancel");
+    const panel = el("div", { class: "panel", id: ids.panel },
+      el("p", { text: dry.message }), preview(dry), el("div", { class: "actions" }, yes, no));
+    no.addEventListener("click", close);
+    if (yes) {
+      yes.addEventListener("click", async () => {
+        yes.disabled = no.disabled = true;
+        close();
+        await ctx.act(action, { ...body, dry_run: false });
+      });
+    }
+    box.appendChild(panel);
+  });
+  return box;
 }

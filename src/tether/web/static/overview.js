@@ -1,12 +1,13 @@
-// The overview (#/): what `tether status` shows, from /api/status.
-import { countLink, el, link, route, seconds, table, taskLink, time } from "./dom.js";
+// The overview (#/): what `tether status` shows, from /api/status, and manual recovery
+// (`tether recover`: a dry run first, then the real one when confirmed).
+import { countLink, dryRunButton, el, link, route, seconds, table, taskLink, time } from "./dom.js";
 import { getJSON } from "./net.js";
 
 const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
 
 export const refreshMs = 2000;
 
-export async function render(view) {
+export async function render(view, ctx) {
   const s = await getJSON("api/status");
   const perQueue = new Map();
   for (const c of s.counts) {
@@ -35,6 +36,7 @@ export async function render(view) {
           s.stale_tasks.map(t => [taskLink(t.id), t.name, t.worker_id, t.worker_hostname, t.worker_status,
                                   seconds(t.silent_s)]),
           "none", { id: "stale" }),
+    ctx.canAct ? recover(ctx) : "",
     el("h2", {}, "Recent failures ", link(route("tasks", { status: "FAILED" }), "(all)")),
     table(["failed at", "task", "name", "queue", "attempt", "error", "message"],
           s.recent_failures.map(f => [time(f.failed_at), taskLink(f.id), f.name, f.queue, f.attempt,
@@ -50,4 +52,17 @@ export async function render(view) {
                                 x.slots_sent, x.slots_skipped]),
           "no periodic tasks", { id: "schedules" }),
   );
+}
+
+// "Recover now…": the dry run says what recovery would do; "Recover" does it.
+function recover(ctx) {
+  return dryRunButton(ctx, {
+    label: "Recover now…",
+    ids: { box: "recover-box", start: "recover", panel: "recover-preview", confirm: "confirm-recover" },
+    action: "recover",
+    body: {},
+    preview: dry => dry.tasks.length ? el("p", {}, "Tasks: ",
+      ...dry.tasks.map(t => [taskLink(t.id), ` ${t.action} `])) : null,
+    confirmLabel: () => "Recover",
+  });
 }

@@ -1,8 +1,8 @@
 // The task list (#/tasks?status=&queue=&name=&error_code=&since=&until=&before=): filters,
 // a page at a time by keyset (the next page is the tasks below the last id shown), and a
 // bulk retry of what the filter matches, tried as a dry run first.
-import { badge, el, link, route, table, taskLink, time, workflowLink } from "./dom.js";
-import { act, getJSON } from "./net.js";
+import { badge, dryRunButton, el, link, route, table, taskLink, time, workflowLink } from "./dom.js";
+import { getJSON } from "./net.js";
 
 export const refreshMs = 0; // a list does not move under the reader: "Refresh" reads it again
 
@@ -94,40 +94,18 @@ export async function render(view, ctx) {
 // "Retry matching…": a dry run shows how many tasks match and a sample; "Retry N tasks" does it.
 function bulkRetry(current, ctx) {
   const statuses = (current.status || "FAILED").split(",");
-  const box = el("div", { class: "actions", id: "bulk-retry" });
-  if (!statuses.every(s => RETRYABLE.has(s))) return box; // only ended tasks can be retried
+  if (!statuses.every(s => RETRYABLE.has(s))) { // only ended tasks can be retried
+    return el("div", { class: "actions", id: "bulk-retry" });
+  }
   const filter = { ...current, status: statuses.join(",") };
   delete filter.limit;
-  const start = el("button", { type: "button", id: "retry-matching" }, "Retry matching…");
-  box.appendChild(start);
-  start.addEventListener("click", async () => {
-    ctx.hold(true);
-    start.disabled = true;
-    let dry;
-    try {
-      dry = await act("retry-tasks", { filter, dry_run: true });
-    } catch (err) {
-      ctx.flash("retry-tasks: " + err.message, true);
-      start.disabled = false;
-      ctx.hold(false);
-      return;
-    }
-    const close = () => { panel.remove(); start.disabled = false; ctx.hold(false); };
-    const yes = el("button", { type: "button", class: "danger", id: "confirm-retry" },
-                   `Retry ${dry.matched} task${dry.matched === 1 ? "" : "s"}`);
-    const no = el("button", { type: "button" }, "Cancel");
-    const panel = el("div", { class: "panel", id: "retry-preview" },
-      el("p", { text: dry.message }),
-      dry.sample && dry.sample.length ? el("p", {}, "For example: ",
-        ...dry.sample.map(s => [taskLink(typeof s === "object" ? s.id : s), " "])) : null,
-      el("div", { class: "actions" }, dry.matched ? yes : null, no));
-    no.addEventListener("click", close);
-    yes.addEventListener("click", async () => {
-      yes.disabled = no.disabled = true;
-      close();
-      await ctx.act("retry-tasks", { filter, dry_run: false });
-    });
-    box.appendChild(panel);
+  return dryRunButton(ctx, {
+    label: "Retry matching…",
+    ids: { box: "bulk-retry", start: "retry-matching", panel: "retry-preview", confirm: "confirm-retry" },
+    action: "retry-tasks",
+    body: { filter },
+    preview: dry => dry.sample && dry.sample.length ? el("p", {}, "For example: ",
+      ...dry.sample.map(s => [taskLink(typeof s === "object" ? s.id : s), " "])) : null,
+    confirmLabel: dry => dry.matched ? `Retry ${dry.matched} task${dry.matched === 1 ? "" : "s"}` : null,
   });
-  return box;
 }

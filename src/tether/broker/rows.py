@@ -1,0 +1,297 @@
+"""The rows the broker reads that users read too, one type per shape, public under their
+tether names; and the list rows that share their columns (TaskSummary, WorkflowSummary).
+
+``tether.TaskInfo``, ``tether.AttemptInfo``, ``tether.QueueInfo``, ``tether.WorkflowInfo``,
+``tether.StepInfo`` and the bulk retry's ``RetrySample`` are defined here, where the broker
+can build them without importing the handles (which import the broker), and re-exported from
+the modules users import them from (``tether.handle``, ``tether.queue_control``,
+``tether.workflow.handle``, ``tether.retrying``). The broker's statements return them
+directly: no second class copies their fields.
+
+A row becomes its type once, at the broker's boundary: a status column becomes its enum of
+tether.result (TaskStatus, WorkflowStatus, StepStatus: StrEnums, so they compare equal to
+their text and are written to JSON and to the database as it; ``with_status`` for the
+broker's other rows), and a stored result becomes a TaskResult.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from tether.broker.types import Row
+from tether.codec import decode_result
+from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
+
+R = TypeVar("R")
+
+
+def with_status(cls: Callable[..., R], row: Row, status: type[StrEnum], key: str = "status") -> R:
+    """``cls(**row)`` with the row's ``key`` column (a status's text) as its ``status`` enum."""
+    row[key] = status(row[key])
+    return cls(**row)
+
+
+# -- tasks --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One finished attempt of a task (tether_task_attempts)."""
+
+    attempt: int
+    worker_id: str | None
+    hostname: str | None
+    pid: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    outcome: TaskStatus  # COMPLETED, FAILED or CANCELLED
+    will_retry: bool
+    error_code: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCore:
+    """The columns every task row starts with: the task, where it stands, who holds it."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    priority: int
+    status: TaskStatus
+    attempt: int
+    retry_count: int
+    max_retries: int
+    error_code: str | None
+    claimed_by_worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary(TaskCore):
+    """A task in a list: a row of `tether tasks` and of the dashboard's task pages."""
+
+    sent_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None  # when it reached its end state
+    workflow_id: uuid.UUID | None  # set when the task is a workflow step
+    cancel_requested_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo(TaskCore):
+    """One task's row, with its attempts. All timestamps are database time.
+
+    ``result`` is the outcome as a TaskResult, None while the task is not terminal. The
+    fields after ``cancel_requested_by`` are the row as stored, for the CLI, the dashboard
+    and Django: the arguments as their JSON (codec tags kept), the retry policy, when the
+    task is due, and ``stored_result``, the result column as stored (a task waiting for a
+    retry keeps its last failure there).
+    """
+
+    good_until: datetime | None
+    unique_key: str | None  # the key it was sent with (docs/tasks.md#unique-sends), or None
+    sent_at: datetime
+    enqueued_at: datetime
+    claimed_at: datetime | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancelled_at: datetime | None
+    expired_at: datetime | None
+    next_retry_at: datetime | None
+    updated_at: datetime
+    progress: dict[str, Any] | None
+    progress_at: datetime | None
+    result: TaskResult[Any, TaskError] | None
+    attempts: tuple[AttemptInfo, ...]
+    schedule_name: str | None = None  # sent by this schedule (app.periodic) ...
+    schedule_slot: datetime | None = None  # ... for this slot (UTC); None for other tasks
+    cancel_requested_at: datetime | None = None  # when a cancel was first asked for (or None) ...
+    cancel_requested_by: str | None = None  # ... and by whom, when known
+    run_at: datetime | None = None  # when it is (or was) due
+    args: Any = None  # the positional arguments as stored (JSON)
+    kwargs: Any = None  # the keyword arguments as stored (JSON)
+    retry_policy: dict[str, Any] | None = None  # its RetryPolicy as stored (JSON), if any
+    stored_result: Any = None  # the result column as stored (JSON)
+
+    @classmethod
+    def from_row(cls, row: Row, attempts: Sequence[AttemptInfo]) -> TaskInfo:
+        """A get_task row (its result column named stored_result) and the task's attempts."""
+        status = row["status"] = TaskStatus(row["status"])
+        return cls(**row, result=result_from_row(status, row["stored_result"]), attempts=tuple(attempts))
+
+    def as_stored(self) -> dict[str, Any]:
+        """The row as stored, for JSON (``tether task --json``, the dashboard's task): every
+        field but ``attempts``, with ``result`` the stored JSON."""
+        shown = {name: getattr(self, name) for name in _STORED_FIELDS}
+        shown["result"] = self.stored_result
+        return shown
+
+
+_STORED_FIELDS = tuple(
+    f.name for f in fields(TaskInfo) if f.name not in ("result", "attempts", "stored_result")
+)
+
+
+def result_from_row(status: TaskStatus, stored: Any) -> TaskResult[Any, TaskError] | None:
+    """The TaskResult a row in ``status`` with this stored result stands for; None while the
+    task is not terminal."""
+    if not status.is_terminal:
+        return None
+    if stored is not None:
+        return decode_result(stored)
+    if status is TaskStatus.EXPIRED:
+        return TaskResult(
+            err=TaskError(ErrorCode.TASK_EXPIRED, "good_until passed before a worker claimed it")
+        )
+    if status is TaskStatus.CANCELLED:
+        return TaskResult(err=TaskError(ErrorCode.TASK_CANCELLED, "cancelled before it ran"))
+    return TaskResult(
+        err=TaskError(ErrorCode.RESULT_NOT_AVAILABLE, f"task is {status.value} but has no stored result")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySample:
+    """A task a bulk retry's filter matches, as it was before the retry (``finished_at``:
+    when it ended; ``workflow_id``: the workflow of a step)."""
+
+    id: uuid.UUID
+    name: str
+    queue: str
+    status: TaskStatus
+    error_code: str | None
+    finished_at: datetime
+    workflow_id: uuid.UUID | None = None
+    unique_key: str | None = None
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """One queue as ``tether queues`` shows it.
+
+    counts: tasks per status, every status present (0 when none). oldest_pending_age_s:
+    how long the oldest PENDING task that is due has waited since it became due, in
+    database time (None: none is due). paused_at / paused_by: since when and by whom the
+    queue is paused (None when it is not, or when nobody was named).
+    """
+
+    queue: str
+    counts: dict[str, int]
+    oldest_pending_age_s: float | None
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> QueueInfo:
+        """A queue_overview row, whose counts leave out the statuses with no task."""
+        counted = row["counts"]
+        row["counts"] = {status.value: int(counted.get(status.value, 0)) for status in TaskStatus}
+        return cls(**row)
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """One step of a workflow as stored, with its task's status once it has a task."""
+
+    node: int
+    name: str
+    task_name: str
+    task_id: uuid.UUID
+    status: StepStatus
+    task_status: TaskStatus | None  # None until the step is enqueued
+    depends_on: tuple[str, ...]  # the names of the steps it waits for
+    join: str
+    run_anyway: bool
+    attempt: int | None
+    error_code: str | None
+    result: TaskResult[Any, TaskError] | None  # None until the step ends
+    enqueued_at: datetime | None
+    finished_at: datetime | None
+    queue: str = ""  # its task's queue
+    retry_count: int | None = None  # its task's retries so far (None until it has a task)
+
+    @classmethod
+    def from_row(cls, row: Row, names: dict[int, str]) -> StepInfo:
+        """A get_workflow_steps row; ``names``: every step's name by node."""
+        status = StepStatus(row["status"])
+        stored = row["result"]
+        task_status = row["task_status"]
+        return cls(
+            node=row["node"],
+            name=row["node_name"],
+            task_name=row["task_name"],
+            task_id=row["task_id"],
+            status=status,
+            task_status=None if task_status is None else TaskStatus(task_status),
+            depends_on=tuple(names[d] for d in row["depends_on"]),
+            join=row["join_mode"],
+            run_anyway=row["run_anyway"],
+            attempt=row["attempt"],
+            error_code=row["error_code"],
+            result=decode_result(stored) if status.is_terminal and stored is not None else None,
+            enqueued_at=row["enqueued_at"],
+            finished_at=row["finished_at"],
+            queue=row["queue"],
+            retry_count=row["retry_count"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSummary:
+    """A workflow's own row: a row of ``tether workflows`` and of the dashboard's list."""
+
+    id: uuid.UUID
+    name: str
+    status: WorkflowStatus
+    on_error: str
+    steps_total: int
+    steps_done: int
+    steps_failed: int
+    created_at: datetime
+    updated_at: datetime
+    paused_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowInfo(WorkflowSummary):
+    """A workflow and every step, by node. ``output_node``: the step whose result is the
+    workflow's (None: every final step's, by name)."""
+
+    steps: tuple[StepInfo, ...]
+    output_node: int | None = None
+
+    @classmethod
+    def from_rows(cls, row: Row, steps: Sequence[Row]) -> WorkflowInfo:
+        """A get_workflow row and its get_workflow_steps rows."""
+        names = {s["node"]: s["node_name"] for s in steps}
+        row["status"] = WorkflowStatus(row["status"])
+        return cls(**row, steps=tuple(StepInfo.from_row(s, names) for s in steps))
+
+
+__all__ = [
+    "AttemptInfo",
+    "QueueInfo",
+    "RetrySample",
+    "StepInfo",
+    "TaskCore",
+    "TaskInfo",
+    "TaskSummary",
+    "WorkflowInfo",
+    "WorkflowSummary",
+    "result_from_row",
+    "with_status",
+]
