@@ -92,6 +92,8 @@ def _kept(item: pytest.Item, phase: str, subset: str) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     phase, subset = config.getoption("--phase"), config.getoption("--subset")
+    if phase == "parallel":
+        _longest_modules_first(config, items)
     if phase == "all" and subset == "all":
         return
     kept, dropped = [], []
@@ -100,6 +102,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# -- the parallel phase's order: the longest modules first ---------------------------------------
+#
+# xdist (--dist loadfile) hands out modules in the order they were collected, so a long module
+# collected last (test_workflow_scale) would run alone at the end while the other processes
+# idle. Each run records every test's seconds in pytest's cache (.pytest_cache); the parallel
+# phase then starts with the modules that took longest, and short ones fill in at the end. In a
+# fresh clone the first parallel phase keeps the collected order and fills the cache for the
+# next ones (.ci/run: 3.11's embedded run orders the external, 3.13 and 3.12 runs). The order
+# changes which process runs a module and when, never what runs.
+
+SECONDS_KEY = "tether/test_seconds"
+_SECONDS_INPUT = "tether_test_seconds"  # the controller's reading, as handed to the xdist workers
+_seconds_this_run: dict[str, float] = {}
+
+
+def _known_seconds(config: pytest.Config) -> dict[str, float]:
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:  # an xdist worker: what the controller read (one order for all)
+        known: dict[str, float] = worker_input.get(_SECONDS_INPUT, {})
+        return known
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    return dict(cache.get(SECONDS_KEY, {})) if cache is not None else {}
+
+
+def _longest_modules_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    known = _known_seconds(config)
+    if not known:
+        return
+    unknown = sum(known.values()) / len(known)  # a new test: as long as an average one
+    module_seconds: dict[Path, float] = {}
+    for item in items:
+        module_seconds[item.path] = module_seconds.get(item.path, 0.0) + known.get(item.nodeid, unknown)
+    items.sort(key=lambda item: -module_seconds[item.path])  # stable: a module's own order stays
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: every worker gets the same reading, so all collect one order."""
+    node.workerinput[_SECONDS_INPUT] = _known_seconds(node.config)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # In the controller too: xdist hands it every worker's reports.
+    _seconds_this_run[report.nodeid] = _seconds_this_run.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _seconds_this_run:
+        return
+    known = _known_seconds(session.config)
+    known.update({nodeid: round(seconds, 3) for nodeid, seconds in _seconds_this_run.items()})
+    cache.set(SECONDS_KEY, known)
 
 
 # tests/django runs tether.contrib.django against Django 6, which needs Python >= 3.12:
