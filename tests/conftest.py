@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -34,6 +35,15 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 # these names from here.
 from tests.harness import REPO as REPO
 from tests.harness import WorkerProcess as WorkerProcess
+
+# A run started as a background job of a shell without job control (`nohup ... &`, `cmd &` in a
+# script, some CI runners) inherits SIGINT ignored, and so would every process a test starts:
+# Python keeps an inherited SIG_IGN for SIGINT, so a worker or `tether dashboard` sent SIGINT by
+# a test would never see it. Tests send SIGINT as Ctrl-C would: processes they start get the
+# default disposition back (an ignored signal is inherited across exec, a handler is not).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 # -- how a run is split (scripts/test; README, "Two commands") ----------------------------------
 #
