@@ -130,8 +130,10 @@ def test_a_transaction_open_for_seconds_holds_its_task_back_and_no_other_send(
         assert not task_exists(db, held.id)
         assert held.get(timeout=0.2).err.code == ErrorCode.TASK_NOT_FOUND
     assert ledger_count(db, "held") == 0
-    caller.commit()
+    # Read just before the commit: the notification wakes the worker at the commit, and it can
+    # start the task before a clock read after commit() returned (seen: 1 ms before).
     committed_at = db.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
+    caller.commit()
     assert held.get(timeout=10).ok == "held"
     row = db.execute("SELECT sent_at, started_at FROM tether_tasks WHERE id = %s", (held.id,)).fetchone()
     assert row["started_at"] >= committed_at
