@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
@@ -63,20 +64,26 @@ class _Parser:
         self.started = False
         self.application_name = ""
         self.pending = ""  # label of the exchange the next Sync completes
-        self.statements: dict[str, str] = {}  # prepared statement name -> its query
+        self.statements: dict[str, str] = {}  # prepared statement name -> its query's label
+        self.queries: dict[str, str] = {}  # prepared statement name -> its query
         self.prepares = False  # a Parse of a named statement since the last Sync
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> int | None:
+        """Read what passes. None, or (when a subclass's hook asked to end the connection after
+        a statement) how many bytes of ``data`` pass before the end: up to that message's end."""
+        carried = len(self.buffer)  # bytes that came in earlier pieces (and passed already)
+        consumed = 0
         self.buffer += data
         while True:
             if not self.started:
                 if len(self.buffer) < 8:
-                    return
+                    return None
                 (length,) = struct.unpack("!i", self.buffer[:4])
                 if len(self.buffer) < length:
-                    return
+                    return None
                 body = bytes(self.buffer[4:length])
                 del self.buffer[:length]
+                consumed += int(length)
                 (code,) = struct.unpack("!i", body[:4])
                 if code in (SSL_REQUEST, GSSENC_REQUEST, CANCEL_REQUEST):
                     continue  # the server answers one byte; the real startup packet follows
@@ -86,32 +93,42 @@ class _Parser:
                 self.application_name = params.get(b"application_name", b"").decode(errors="replace")
                 continue
             if len(self.buffer) < 5:
-                return
+                return None
             kind = self.buffer[0]
             (length,) = struct.unpack("!i", self.buffer[1:5])
             if len(self.buffer) < 1 + length:
-                return
+                return None
             body = bytes(self.buffer[5 : 1 + length])
             del self.buffer[: 1 + length]
-            self._message(kind, body)
+            consumed += 1 + int(length)
+            if self._message(kind, body):
+                return max(0, consumed - carried)
 
-    def _message(self, kind: int, body: bytes) -> None:
+    def _message(self, kind: int, body: bytes) -> bool:
+        """Note one message; True if the connection must end once it has passed."""
+        end = False
         if kind == ord("Q"):
-            self.counter._note(self, _label(body.split(b"\0", 1)[0].decode(errors="replace")))
+            query = body.split(b"\0", 1)[0].decode(errors="replace")
+            end = self.counter._query_passes(self.number, query)
+            self.counter._note(self, _label(query))
         elif kind == ord("P"):  # Parse: statement name, query, ...
             name, query = (part.decode(errors="replace") for part in body.split(b"\0", 2)[:2])
+            end = self.counter._query_passes(self.number, query)
             self.pending = _label(query)
             if name:
                 self.statements[name] = self.pending
+                self.queries[name] = query
                 self.prepares = True
         elif kind == ord("B"):  # Bind: portal name, statement name, ...
             statement = body.split(b"\0", 2)[1].decode(errors="replace")
             if statement:
                 self.pending = self.statements.get(statement, statement)
+                end = self.counter._query_passes(self.number, self.queries.get(statement, statement))
         elif kind == ord("S"):
             self.counter._note(self, self.pending, prepares=self.prepares)
             self.prepares = False
         # Every other message (Describe, Execute, Flush, Terminate, ...) is passed on uncounted.
+        return end
 
 
 class WireCounter:
@@ -156,6 +173,8 @@ class WireCounter:
         """Close the listener and every proxied connection; join the threads."""
         self._stopping = True
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close() alone does not)
+        with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -191,6 +210,18 @@ class WireCounter:
 
     # -- the proxy ---------------------------------------------------------------------------
 
+    # -- hooks for a subclass (tests/wire_cutter.py) ------------------------------------------
+
+    def _query_passes(self, connection: int, query: str) -> bool:
+        """A statement on its way to the server (a Query, a Parse, or the Bind of a prepared one);
+        True ends the connection once that message has passed."""
+        return False
+
+    def _replies(self, connection: int) -> Callable[[bytes], int | None] | None:
+        """What reads the server's bytes to this client before they pass (None: nothing). It
+        returns None to pass them all, or how many of them pass before the connection ends."""
+        return None
+
     def _note(self, parser: _Parser, label: str, *, prepares: bool = False) -> None:
         trip = RoundTrip(time.monotonic(), parser.number, parser.application_name, label, prepares)
         with self._lock:
@@ -213,7 +244,8 @@ class WireCounter:
                 number = self._connections
                 self._sockets += [client, server]
             parser = _Parser(self, number)
-            for source, sink, seen in ((client, server, parser), (server, client, None)):
+            replies = self._replies(number)
+            for source, sink, seen in ((client, server, parser.feed), (server, client, replies)):
                 thread = threading.Thread(
                     target=self._pump, args=(source, sink, seen), name=f"wire-counter-{number}", daemon=True
                 )
@@ -221,14 +253,18 @@ class WireCounter:
                 self._threads.append(thread)
 
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, parser: _Parser | None) -> None:
+    def _pump(
+        source: socket.socket, sink: socket.socket, reader: Callable[[bytes], int | None] | None
+    ) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if parser is not None:
-                    parser.feed(data)
+                cut = None if reader is None else reader(data)
+                if cut is not None:
+                    sink.sendall(data[:cut])
+                    break  # the connection ends here, both ways (below)
                 sink.sendall(data)
         except OSError:
             pass

@@ -5,7 +5,7 @@ from tether.broker.recovery import StaleTask
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
 from tether.current import RunningTask, current_task
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
-from tether.progress import report_progress
+from tether.progress import report_progress, report_progress_async
 from tether.queue_control import QueueInfo
 from tether.result import (
     TASK_TERMINAL_STATES,
@@ -58,4 +58,5 @@ __all__ = [
     "recover_stuck_workflows",
     "recover_stuck_workflows_async",
     "report_progress",
+    "report_progress_async",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -10,11 +9,13 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, overload
 
 from tether.broker import PostgresBroker, schedules
+from tether.broker.answers import CHANGED
 from tether.broker.schedules import ScheduleInfo
 from tether.config import AppConfig, RetryPolicy
 from tether.errors import ScheduleDefinitionError, TaskDefinitionError
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
+from tether.names import check_task_name
 from tether.options import (
     SendOptions,
     check_cancel_grace,
@@ -32,8 +33,6 @@ from tether.workflow.handle import WorkflowHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 
 
 class Tether:
@@ -72,11 +71,7 @@ class Tether:
         how long its code may go on after a cancel was requested before its process is
         killed (None: the worker's ``cancel_grace_s``, 5 s by default).
         """
-        if not isinstance(name, str) or not _TASK_NAME.match(name):
-            raise TaskDefinitionError(
-                f"task name {name!r} is invalid: use letters, digits, '_', '.', ':' or '-' "
-                "(up to 200 characters, not starting with a digit)"
-            )
+        check_task_name(name, "task name", TaskDefinitionError)
         if name in self.tasks:
             raise TaskDefinitionError(f"task name {name!r} is already registered ({self.tasks[name].fn!r})")
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
@@ -223,11 +218,11 @@ class Tether:
 
     def pause_schedule(self, name: str) -> bool:
         """Stop sending the schedule's slots until resumed (no deploy needed); False if already paused."""
-        return self.broker.run(lambda conn: set_paused(conn, name, paused=True))
+        return self.broker.run_request(lambda conn: set_paused(conn, name, paused=True), CHANGED)
 
     def resume_schedule(self, name: str) -> bool:
         """Send its slots again, from the first slot after now; False if it was not paused."""
-        return self.broker.run(lambda conn: set_paused(conn, name, paused=False))
+        return self.broker.run_request(lambda conn: set_paused(conn, name, paused=False), CHANGED)
 
     def list_schedules(self) -> list[ScheduleInfo]:
         """Every schedule stored in the database (all apps), as ``tether schedules`` lists them."""
@@ -294,6 +289,16 @@ class Tether:
     def handle(self, task_id: str | uuid.UUID) -> TaskHandle[Any]:
         """A handle for a task sent earlier (by id)."""
         return TaskHandle(self, parse_task_id(task_id))
+
+    def get_broker(self) -> PostgresBroker:
+        """The app's broker: manual recovery as the seed documents show it (docs/heartbeats-and-recovery.md).
+
+        ``await app.get_broker().get_stale_tasks(stale_threshold_minutes=5)``,
+        ``mark_stale_tasks_as_failed(stale_threshold_ms=...)`` and
+        ``requeue_stale_claimed(stale_threshold_ms=...)``. The same object as ``app.broker``;
+        a supported API, part of the seed contract (tests/seeds).
+        """
+        return self.broker
 
     @property
     def result_listener(self) -> ResultListener:

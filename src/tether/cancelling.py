@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from tether.broker import PostgresBroker, tasks
 from tether.errors import TaskNotFoundError
+from tether.names import check_by
 from tether.result import TaskStatus
 from tether.workflow import engine
 
@@ -54,9 +55,10 @@ def cancel_task(broker: PostgresBroker, task_id: uuid.UUID, *, by: str | None = 
     the task's error message. Raises TaskNotFoundError for an unknown id."""
     if not isinstance(task_id, uuid.UUID):
         raise TypeError(f"task_id must be a uuid.UUID, got {type(task_id).__name__}")
-    if by is not None and not isinstance(by, str):
-        raise TypeError(f"by must be a str or None, got {type(by).__name__}")
-    done = broker.run(lambda conn: tasks.cancel_task(conn, task_id, by))
+    check_by(by)
+    # run_request: a cancel whose answer was lost with its connection says what it did, not
+    # "already ended" (and the workflow of a step it cancelled is still advanced below).
+    done = broker.run_request(lambda conn: tasks.cancel_task(conn, task_id, by), tasks.CANCEL_ANSWER)
     if done is None:
         state = broker.run(lambda conn: tasks.get_status(conn, task_id))
         if state is None:

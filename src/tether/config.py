@@ -20,11 +20,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
 
 __all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig", "mask_url"]
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 ERROR_CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 
@@ -64,11 +64,9 @@ def _split_names(value: Any) -> Any:
 def _check_queue_names(field: str, names: list[str]) -> list[str]:
     if not names:
         raise ValueError(f"{field} must name at least one queue")
-    bad = [n for n in names if not QUEUE_NAME_RE.match(n)]
+    bad = [n for n in names if not is_queue_name(n)]
     if bad:
-        raise ValueError(
-            f"{field}: invalid queue name(s) {bad}; a name is 1-64 characters from A-Z a-z 0-9 _ . : -"
-        )
+        raise ValueError(f"{field}: invalid queue name(s) {bad}; each must be {QUEUE_NAME_RULE}")
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"{field}: queue name(s) {dupes} listed more than once")

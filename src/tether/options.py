@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueError
+from tether.names import check_queue_name
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_DELAY = timedelta(days=3650)
@@ -194,6 +195,8 @@ def check_priority(priority: Any) -> int:
 
 
 def check_queue(queue: Any, declared: Sequence[str]) -> str:
+    """A queue name (tether.names' rule) that the app declares."""
+    check_queue_name(queue)
     if queue not in declared:
         raise UnknownQueueError(
             f"queue {queue!r} is not declared; declared queues: {', '.join(declared)}. "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +26,7 @@ from tether.errors import (
     ScheduleNotFoundError,
     SerializationError,
 )
+from tether.names import is_task_name
 from tether.options import SendOptions
 
 log = logging.getLogger("tether.periodic")
@@ -41,8 +41,6 @@ CATCH_UP_LIMIT = 100
 #: catch_up="none": a slot is on time (sent) when found at most this late, and at most half
 #: the time to the slot after it (so a fast schedule's slot never counts as on time twice).
 ON_TIME = timedelta(seconds=10)
-
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 
 
 class PeriodicTask(Protocol):
@@ -88,7 +86,7 @@ def declare(
     """Check everything about a schedule now; the error names the schedule and the argument."""
     schedule_name = task.name if name is None else name
     what = f"schedule {schedule_name!r}"
-    if not isinstance(schedule_name, str) or not _NAME.match(schedule_name):
+    if not is_task_name(schedule_name):  # a schedule is named as its task is
         raise ScheduleDefinitionError(
             f"schedule name {schedule_name!r} is invalid: use letters, digits, '_', '.', ':' or '-' "
             "(up to 200 characters, not starting with a digit)"

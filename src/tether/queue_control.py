@@ -17,17 +17,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from tether.broker import PostgresBroker, queues
-from tether.config import QUEUE_NAME_RE
 from tether.errors import InvalidOptionError
+from tether.names import check_by, check_queue_name
 from tether.result import TaskStatus
 
 log = logging.getLogger("tether.queue_control")
-
-#: The longest ``by`` stored with a pause.
-MAX_BY_LENGTH = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +48,9 @@ def pause_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) ->
     """Stop workers claiming from ``queue``; True if this call paused it, False if it was paused
     already (its pause is left as it was). ``by``: who asks, stored and logged."""
     check_queue_name(queue)
-    _check_by(by)
-    pause = broker.run(lambda conn: queues.pause_queue(conn, queue, by))
+    check_by(by)
+    # run_request: a pause whose commit's answer was lost with its connection still says True.
+    pause = broker.run_request(lambda conn: queues.pause_queue(conn, queue, by), queues.PAUSE_ANSWER)
     if pause is None:
         log.info("queue %s was already paused; pause asked by %s", queue, by or "(not given)")
         return False
@@ -65,8 +62,8 @@ def resume_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -
     """Let workers claim from ``queue`` again (they do at once); True if this call resumed it,
     False if it was not paused. ``by``: who asks, logged."""
     check_queue_name(queue)
-    _check_by(by)
-    pause = broker.run(lambda conn: queues.resume_queue(conn, queue))
+    check_by(by)
+    pause = broker.run_request(lambda conn: queues.resume_queue(conn, queue), queues.PAUSE_ANSWER)
     if pause is None:
         log.info("queue %s was not paused; resume asked by %s", queue, by or "(not given)")
         return False
@@ -86,7 +83,7 @@ def list_queues(broker: PostgresBroker, *, also: Sequence[str] = ()) -> list[Que
     if isinstance(also, str):
         raise InvalidOptionError(f"also must be a sequence of queue names, not the string {also!r}")
     for name in also:
-        check_queue_name(name, what="also")
+        check_queue_name(name, "also")
     rows = broker.run(lambda conn: queues.queue_overview(conn, list(also)))
     return [
         QueueInfo(
@@ -99,22 +96,3 @@ def list_queues(broker: PostgresBroker, *, also: Sequence[str] = ()) -> list[Que
         )
         for row in rows
     ]
-
-
-def check_queue_name(queue: Any, *, what: str = "queue") -> str:
-    """``queue`` if it is a well-formed queue name (as AppConfig.queues requires), else an
-    InvalidOptionError naming ``what``."""
-    if not isinstance(queue, str):
-        raise InvalidOptionError(f"{what} must be a queue name (str), got {type(queue).__name__}")
-    if not QUEUE_NAME_RE.fullmatch(queue):  # fullmatch: `$` alone lets a final newline through
-        raise InvalidOptionError(
-            f"{what}: {queue!r} is not a valid queue name; a name is 1-64 characters from A-Z a-z 0-9 _ . : -"
-        )
-    return queue
-
-
-def _check_by(by: Any) -> None:
-    if by is not None and (not isinstance(by, str) or len(by) > MAX_BY_LENGTH):
-        raise InvalidOptionError(
-            f"by must be None or a str of at most {MAX_BY_LENGTH} characters, got {by!r}"
-        )

@@ -21,10 +21,12 @@ from functools import partial
 from typing import Any
 
 from tether.broker import PostgresBroker, retries, tasks, workflows
+from tether.broker.answers import Answer
 from tether.broker.retries import RETRYABLE, Candidate, Criteria, TaskToRetry
 from tether.broker.types import Conn
 from tether.errors import InvalidOptionError, TaskNotFoundError
 from tether.ids import parse_task_id
+from tether.names import check_by, check_queue_name, check_task_name
 from tether.result import TaskStatus
 from tether.workflow import reopen
 
@@ -68,6 +70,12 @@ class RetryAnswer:
     workflow_status: str | None = None  # that workflow's status after the call
 
 
+# The answers of the retrying requests, as PostgresBroker.run_request records them: a retry
+# whose answer was lost with its connection says what it did, not "it is PENDING".
+RETRY_ANSWER: Answer[RetryAnswer] = Answer(RetryAnswer)
+RETRIED_ANSWER: Answer[list[retries.Retried]] = Answer(list[retries.Retried])
+
+
 @dataclass(frozen=True)
 class RetrySample:
     """A task a bulk retry matched, as it was before the retry (``finished_at``: when it ended)."""
@@ -105,15 +113,15 @@ def retry_task(broker: PostgresBroker, task_id: uuid.UUID | str, *, by: str | No
     ``by`` says who asked (logged). Raises TaskNotFoundError for an unknown id.
     """
     tid = parse_task_id(task_id)
-    _check_by(by)
+    check_by(by)
     found = broker.run(lambda conn: retries.task_to_retry(conn, tid))
     if found is None:
         raise _not_found(tid)
     workflow_id = found.workflow_id
     if workflow_id is not None:
-        answer = broker.run(lambda conn: _retry_step(conn, tid, workflow_id))
+        answer = broker.run_request(lambda conn: _retry_step(conn, tid, workflow_id), RETRY_ANSWER)
     else:
-        answer = broker.run(lambda conn: _retry_plain(conn, found))
+        answer = broker.run_request(lambda conn: _retry_plain(conn, found), RETRY_ANSWER)
     _log_one(answer, by)
     return answer
 
@@ -201,7 +209,7 @@ def retry_tasks(
     raise InvalidOptionError before anything is read.
     """
     wanted = _check_filter(filter)
-    _check_by(by)
+    check_by(by)
     if not isinstance(dry_run, bool):
         raise InvalidOptionError(f"dry_run must be a bool, got {dry_run!r}")
     if (
@@ -232,7 +240,8 @@ def retry_tasks(
         plain = [c for c in page if c.workflow_id is None]
         if plain:
             ids = [c.id for c in plain]
-            rows = broker.run(partial(retries.retry_tasks, task_ids=ids, statuses=criteria.statuses))
+            batch = partial(retries.retry_tasks, task_ids=ids, statuses=criteria.statuses)
+            rows = broker.run_request(batch, RETRIED_ANSWER)
             done.plain(plain, {r.id: r for r in rows})
         for c in page:
             if c.workflow_id is not None:
@@ -255,7 +264,7 @@ def _bulk_step(broker: PostgresBroker, c: Candidate) -> RetryAnswer:
     assert c.workflow_id is not None
     workflow_id = c.workflow_id
     try:
-        return broker.run(lambda conn: _retry_step(conn, c.id, workflow_id))
+        return broker.run_request(lambda conn: _retry_step(conn, c.id, workflow_id), RETRY_ANSWER)
     except TaskNotFoundError:
         return RetryAnswer(c.id, False, TaskStatus(c.status), "not retried: it was deleted meanwhile")
 
@@ -305,8 +314,11 @@ def _check_filter(value: Any) -> RetryFilter:
     if not isinstance(value, RetryFilter):
         raise InvalidOptionError(f"filter must be a RetryFilter, got {type(value).__name__}")
     statuses = _check_statuses(value.statuses)
-    for name in ("queue", "name", "error_code"):
-        _check_text(f"filter.{name}", getattr(value, name))
+    if value.queue is not None:
+        check_queue_name(value.queue, "filter.queue")
+    if value.name is not None:
+        check_task_name(value.name, "filter.name")
+    _check_text("filter.error_code", value.error_code)
     since = _check_time("filter.since", value.since)
     until = _check_time("filter.until", value.until)
     # Both absolute (earlier first) or both relative (further back first); a mix is
@@ -355,11 +367,6 @@ def _check_time(name: str, value: Any) -> datetime | timedelta | None:
     raise InvalidOptionError(
         f"{name} must be an aware datetime or a timedelta (that long ago), got {type(value).__name__}"
     )
-
-
-def _check_by(by: Any) -> None:
-    if by is not None and (not isinstance(by, str) or not by or len(by) > 200 or "\x00" in by):
-        raise InvalidOptionError(f"by must be a non-empty string of up to 200 characters, got {by!r}")
 
 
 def _resolve(wanted: RetryFilter, now: datetime) -> Criteria:

@@ -110,7 +110,7 @@ def prepared_insert(bound: Any, args: tuple[Any, ...] = ()) -> tuple[Any, Any]:
     """A plain send of ``bound`` (a task's with_options view), checked and encoded but not run:
     its task id, and its insert to run on a connection the test holds (in a transaction it
     controls). Exactly what send() runs on the app's pool."""
-    from tether.broker import tasks
+    from tether.sending.one import OneSend
 
-    spec, task_id, args_json, kwargs_json = bound._encode(timedelta(0), args, {})
-    return task_id, lambda conn: tasks.insert_task(conn, spec, task_id, args_json, kwargs_json)
+    plan = OneSend.prepare(bound._basis, timedelta(0), args, {})
+    return plan.task_id, plan.write

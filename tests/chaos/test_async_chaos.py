@@ -212,6 +212,72 @@ def test_kill_9_of_an_async_child_records_its_hundred_tasks_at_once_and_retries_
     print(f"\n100 crashes recorded within {slowest.total_seconds() * 1000:.0f} ms of the kill")
 
 
+def test_a_dead_async_child_is_one_warning_not_one_per_task(
+    aio: ModuleType, db: Conn, workers: WorkerFactory
+) -> None:
+    """kill -9 of an async child running 40 tasks (half retry a crash, half do not) with 10 more
+    handed to it: one WARNING line tells what became of them all, and each is settled by its rules."""
+    worker = workers.start(APP, *ONE_ASYNC_CHILD, "--async-concurrency", "40")
+    child = the_async_child(worker)
+    retried_tokens, failed_tokens = [token() for _ in range(20)], [token() for _ in range(20)]
+    retried = aio.nap_once.send_many([(30, t) for t in retried_tokens])  # CRASH_RETRY: once, 1 s later
+    failed = aio.nap.send_many([(30, t) for t in failed_tokens])  # no retry policy
+    running = [h.id for h in retried + failed]
+    wait_until(
+        lambda: (
+            count_status(db, running, "RUNNING") == 40
+            and ledger_count(db, retried_tokens + failed_tokens) == 40
+        ),
+        message="40 tasks to run in the async child",
+    )
+    # Ten more, claimed while its 40 slots are taken: handed to it, waiting there for a slot
+    # (or, if the kill comes first, still in the main process: either way never started).
+    late_tokens = [token() for _ in range(10)]
+    late = aio.nap.send_many([(0.01, t) for t in late_tokens])
+    wait_until(lambda: count_status(db, [h.id for h in late], "CLAIMED") == 10, message="10 more claimed")
+
+    os.kill(child, signal.SIGKILL)
+    wait_all(db, [h.id for h in failed], {"FAILED"}, timeout=10, why="the crashes without retry")
+    wait_all(
+        db, [h.id for h in retried + late], {"COMPLETED"}, timeout=30, why="the retries and the late ones"
+    )
+
+    # Every task by its rules: a crash retried once, a crash failed, the late ones run once.
+    for handle in retried:
+        row, attempts = check_history(db, handle.id)
+        assert [(a["outcome"], a["will_retry"], a["error_code"]) for a in attempts] == [
+            ("FAILED", True, "WORKER_CRASHED"),
+            ("COMPLETED", False, None),
+        ], attempts
+    for handle in failed:
+        row, attempts = check_history(db, handle.id)
+        assert (row["status"], row["error_code"]) == ("FAILED", "WORKER_CRASHED"), row
+        assert [(a["outcome"], a["will_retry"]) for a in attempts] == [("FAILED", False)], attempts
+    replacement = new_child(worker, child)
+    for handle, tok in zip(late, late_tokens, strict=True):
+        row, attempts = check_history(db, handle.id)
+        assert [a["outcome"] for a in attempts] == ["COMPLETED"], attempts  # no crash: it never started
+        assert ledger_of(db, [tok])[tok] == [replacement]
+
+    # The log: one ERROR for the exit, one WARNING for its tasks, not one per task.
+    lines = worker.log().splitlines()
+    ids = {str(h.id) for h in retried + failed + late}
+    naming = [line for line in lines if any(i in line for i in ids)]
+    (exited,) = [line for line in lines if f"(pid {child}) exited with code -9 holding" in line]
+    held = int(exited.split("holding ")[1].split(" task")[0])
+    assert held in (40, 50), exited  # the late ten were handed to it, or not yet
+    assert len(naming) == 1, f"{len(naming)} log lines name the dead child's tasks:\n" + "\n".join(naming[:5])
+    warning = naming[0]
+    assert " WARNING tether.worker.dispatch: " in warning
+    assert f"the {held} task(s) of dead async child" in warning and f"(pid {child})" in warning, warning
+    assert "20 retry scheduled after WORKER_CRASHED: " in warning, warning
+    assert "20 FAILED with WORKER_CRASHED: " in warning, warning
+    assert " and 10 more" in warning, warning  # ten ids named per outcome, the others counted
+    if held == 50:
+        assert "10 released back to PENDING (its code never started): " in warning, warning
+    assert_goes_on(aio, db, worker, child)
+
+
 # -- 2. a task blocks the event loop --------------------------------------------------------
 
 

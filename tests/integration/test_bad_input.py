@@ -14,8 +14,8 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from tests.apps.support import count_tasks, load_app_module
-from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
+from tests.apps.support import count_tasks, load_app_module, task_row
+from tether import AppConfig, PostgresConfig, RetryFilter, TaskError, TaskResult, Tether
 from tether.errors import (
     BadArgumentsError,
     DatabaseUnreachableError,
@@ -188,10 +188,11 @@ def test_task_definitions_refused_at_decoration(database_url: str) -> None:
 
     assert app.tasks["unique"] is first  # the first registration stands
 
-    for bad in ["", "9lives", "has space", "semi;colon", "x" * 201, "ünïcode"]:
-        with pytest.raises(TaskDefinitionError, match="is invalid"):
+    for bad in ["", "9lives", "has space", "semi;colon", "x" * 201, "ünïcode", "ends_in_newline\n"]:
+        with pytest.raises(TaskDefinitionError, match=r"^task name must be a task name: 1 to 200 characters"):
             app.task(bad)
-    with pytest.raises(TaskDefinitionError, match="is invalid"):
+        assert bad not in app.tasks
+    with pytest.raises(TaskDefinitionError, match=r"^task name must be a task name: .*; got 42 \(int\)$"):
         app.task(42)  # type: ignore[arg-type]
     app.task("x" * 200)(lambda: None)  # the longest name allowed
 
@@ -225,3 +226,112 @@ def test_unreachable_database_names_the_masked_url() -> None:
             assert "secret" not in repr(info.value)
     finally:
         app.close()
+
+
+# -- names: who asks (by), queues, tasks: one rule each, everywhere (tether.names) ---------------
+
+BAD_BY: list[Any] = [
+    42,
+    b"ops",
+    "",
+    "   ",
+    "x" * 201,
+    "ops\nINFO forged log line",
+    "ops\r",
+    "a\tb",
+    "nul\x00",
+    "\x1b[31mred",
+    "line\u2028separator",
+    "right-to-left\u202eoverride",
+]
+
+
+@pytest.mark.parametrize("by", BAD_BY, ids=repr)
+def test_a_bad_by_is_refused_and_changes_nothing(
+    basic: ModuleType, db: psycopg.Connection[Any], by: Any
+) -> None:
+    pending = basic.add.send(1, 2)
+    failed = basic.fail.send("BOOM")
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    before = {t: task_row(db, t) for t in (pending.id, failed.id)}
+    calls: list[Callable[[], object]] = [
+        lambda: pending.cancel(by=by),
+        lambda: asyncio.run(pending.cancel_async(by=by)),
+        lambda: failed.retry(by=by),
+        lambda: basic.app.retry_tasks(RetryFilter(), by=by),
+        lambda: basic.app.retry_tasks(RetryFilter(), by=by, dry_run=True),
+        lambda: basic.app.pause_queue("low", by=by),
+        lambda: basic.app.resume_queue("low", by=by),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidOptionError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith("by must be who asks: 1 to 200 printable characters"), message
+        assert "\n" not in message and "\x00" not in message  # the value is shown escaped
+    assert {t: task_row(db, t) for t in before} == before
+    assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+
+
+def test_a_good_by_is_kept_as_given(basic: ModuleType, db: psycopg.Connection[Any]) -> None:
+    longest = "Zoë ☃ " + "x" * 194
+    handle = basic.add.send(1, 2)
+    assert handle.cancel(by=longest)
+    assert task_row(db, handle.id)["cancel_requested_by"] == longest
+    assert basic.app.pause_queue("low", by="alice@ops-1")
+    row = db.execute("SELECT paused_by FROM tether_paused_queues WHERE queue = 'low'").fetchone()
+    assert row == {"paused_by": "alice@ops-1"}
+    assert basic.app.resume_queue("low")  # None: not said
+
+
+BAD_QUEUE_NAMES: list[Any] = ["", "has space", "images\n", "a/b", "x" * 65, "ünï", 5, None]
+
+
+@pytest.mark.parametrize("queue", BAD_QUEUE_NAMES, ids=repr)
+def test_a_malformed_queue_name_is_refused_everywhere(
+    basic: ModuleType, db: psycopg.Connection[Any], queue: Any
+) -> None:
+    failed = basic.fail.send("BOOM")
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("queue", lambda: basic.app.pause_queue(queue)),
+        ("queue", lambda: basic.app.resume_queue(queue)),
+    ]
+    if queue is not None:  # None is "the task's queue" to with_options, "any queue" to a filter
+        calls += [
+            ("filter.queue", lambda: basic.app.retry_tasks(RetryFilter(queue=queue))),
+            ("queue", lambda: basic.add.with_options(queue=queue)),
+            ("queue", lambda: basic.app.task(f"in_{uuid4().hex}", queue=queue)(lambda: None)),
+        ]
+    for what, call in calls:
+        with pytest.raises(InvalidOptionError) as info:
+            call()
+        assert str(info.value).startswith(
+            f"{what} must be a queue name: 1 to 64 characters from A-Z a-z 0-9 _ . : -; got "
+        ), str(info.value)
+    assert task_row(db, failed.id)["status"] == "FAILED"
+    assert count_tasks(db) == 1
+    assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+    if isinstance(queue, str):  # the configuration takes the same rule
+        with pytest.raises(ValueError, match="invalid queue name"):
+            AppConfig(queues=["default", queue])
+
+
+@pytest.mark.parametrize("name", ["", "9lives", "has space", "add\n", "x" * 201, "semi;colon", 7])
+def test_a_malformed_task_name_is_refused_everywhere(
+    basic: ModuleType, db: psycopg.Connection[Any], name: Any
+) -> None:
+    failed = basic.fail.send("BOOM")
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    for call in (
+        lambda: basic.app.retry_tasks(RetryFilter(name=name)),
+        lambda: basic.app.retry_tasks(RetryFilter(name=name), dry_run=True),
+    ):
+        with pytest.raises(
+            InvalidOptionError, match=r"^filter\.name must be a task name: 1 to 200 characters"
+        ):
+            call()
+    with pytest.raises(TaskDefinitionError, match=r"^task name must be a task name: 1 to 200 characters"):
+        basic.app.task(name)
+    assert name not in basic.app.tasks
+    assert task_row(db, failed.id)["status"] == "FAILED"

@@ -25,7 +25,7 @@ from tests.cli_support import tether_command
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, StepStatus, TaskStatus, WorkflowStatus
 from tether.cancelling import CancelReply
-from tether.errors import TaskNotFoundError
+from tether.errors import InvalidOptionError, TaskNotFoundError
 
 APP = "tests.apps.cancelling:app"
 WAIT = 30.0
@@ -278,7 +278,7 @@ def test_cancelling_before_it_runs_and_unknown_ids(app: ModuleType, db: psycopg.
     assert attempt_rows(db, handle.id) == []
     with pytest.raises(TaskNotFoundError, match="no task with id"):
         app.app.handle(uuid.uuid4()).cancel()
-    with pytest.raises(TypeError, match="by must be a str"):
+    with pytest.raises(InvalidOptionError, match=r"^by must be who asks: .*; got 42 \(int\)"):
         handle.cancel(by=42)  # type: ignore[arg-type]
 
 

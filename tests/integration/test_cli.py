@@ -10,7 +10,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
+import tether.cli
 import tether.cli.common
 from tests.cli_support import run, run_json, tether_command
 from tests.conftest import WorkerFactory
@@ -144,3 +146,57 @@ def test_task_with_a_bad_or_unknown_id(database_url: str, db: psycopg.Connection
     assert missing.returncode != 0
     assert f"no task with id {missing_id}" in missing.stderr
     assert "Traceback" not in missing.stderr + missing.stdout
+
+
+# -- names: --by, --queue, --name follow the API's rule (tether.names) ---------------------------
+
+
+def _refused(database_url: str, *args: str) -> str:
+    result = CliRunner().invoke(tether.cli.cli, [*args, "--database-url", database_url])
+    assert result.exit_code == 2, (args, result.output, result.exception)
+    return result.output
+
+
+@pytest.mark.parametrize("by", ["", "   ", "x" * 201, "ops\nINFO forged", "a\tb", "nul\x00"], ids=repr)
+def test_a_bad_by_is_a_usage_error_and_changes_nothing(
+    database_url: str, basic: ModuleType, db: psycopg.Connection[Any], by: str
+) -> None:
+    pending = basic.add.send(1, 2)
+    failed = basic.fail.send("BOOM")
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    before = db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall()
+    for args in (
+        ("cancel", str(pending.id)),
+        ("retry", str(failed.id)),
+        ("retry", "--status", "FAILED", "--yes"),
+        ("queue", "pause", "low"),
+        ("queue", "resume", "low"),
+    ):
+        output = _refused(database_url, *args, "--by", by)
+        assert "Invalid value for '--by': by must be who asks: 1 to 200 printable characters" in output
+    assert db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall() == before
+    assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+
+
+def test_bad_queue_and_task_names_are_usage_errors(
+    database_url: str, basic: ModuleType, db: psycopg.Connection[Any]
+) -> None:
+    failed = basic.fail.send("BOOM")
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    for queue in ("", "has space", "x" * 65):
+        for args in (("tasks", "--queue", queue), ("retry", "--queue", queue, "--yes")):
+            output = _refused(database_url, *args)
+            assert "Invalid value for '--queue': queue must be a queue name: 1 to 64 characters" in output
+        for args in (("queue", "pause", queue), ("queue", "resume", queue)):
+            assert "Invalid value for 'NAME': queue must be a queue name" in _refused(database_url, *args)
+    for name in ("", "9lives", "has space", "x" * 201):
+        for args in (("tasks", "--name", name), ("retry", "--name", name, "--yes")):
+            output = _refused(database_url, *args)
+            assert "Invalid value for '--name': name must be a task name: 1 to 200 characters" in output
+    assert db.execute("SELECT status FROM tether_tasks").fetchall() == [{"status": "FAILED"}]
+    assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+
+    # As a user runs it: exit code 2, the message, no traceback.
+    real = tether_command(database_url, "cancel", str(failed.id), "--by", "two\nlines")
+    assert real.returncode == 2 and "Traceback" not in real.stderr
+    assert "by must be who asks" in real.stderr and "got 'two\\nlines'" in real.stderr

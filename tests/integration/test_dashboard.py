@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -409,7 +410,7 @@ def test_queue_and_workflow_actions_and_a_bulk_dry_run(
         assert post(server, "api/actions/pause-queue", {"queue": "low"}, token=token)[2]["changed"] is False
         assert post(server, "api/actions/resume-queue", {"queue": "low"}, token=token)[2]["changed"] is True
         code, _, answer = post(server, "api/actions/pause-queue", {"queue": "no spaces"}, token=token)
-        assert code == 400 and "not a valid queue name" in answer["error"]
+        assert code == 400 and answer["error"].startswith("queue must be a queue name: ")
 
         code, _, answer = post(
             server,
@@ -430,6 +431,45 @@ def test_queue_and_workflow_actions_and_a_bulk_dry_run(
         wid = str(uuid.uuid4())
         code, _, answer = post(server, "api/actions/cancel-workflow", {"workflow_id": wid}, token=token)
         assert code == 200 and answer["changed"] is False
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_actions_check_names_as_the_api_does(basic: ModuleType, db: psycopg.Connection[Any]) -> None:
+    """A malformed queue or task name is refused (400, naming it) and changes nothing; who asks
+    is the dashboard's to say (``dashboard:<client address>``), never the request body's."""
+    token = "n4mes-" + uuid.uuid4().hex
+    failed = basic.fail.send("BOOM")
+    pending = basic.add.send(1, 2)
+    db.execute("UPDATE tether_tasks SET status = 'FAILED', failed_at = now() WHERE id = %s", (failed.id,))
+    before = db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall()
+    server = serve(basic.app.broker, token)
+    try:
+        for queue in ("", "has space", "images\n", "x" * 65, 5, None):
+            for action in ("pause-queue", "resume-queue"):
+                code, _, answer = post(server, f"api/actions/{action}", {"queue": queue}, token=token)
+                assert code == 400, (action, queue, answer)
+                assert answer["error"].startswith("queue must be a queue name: 1 to 64 characters"), answer
+        for field, value, rule in (
+            ("queue", "has space", "filter.queue must be a queue name"),
+            ("name", "9lives", "filter.name must be a task name"),
+            ("name", "semi;colon", "filter.name must be a task name"),
+        ):
+            for dry_run in (True, False):
+                body = {"filter": {field: value}, "dry_run": dry_run}
+                code, _, answer = post(server, "api/actions/retry-tasks", body, token=token)
+                assert code == 400 and answer["error"].startswith(rule), answer
+        assert db.execute("SELECT * FROM tether_tasks ORDER BY id").fetchall() == before
+        assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+
+        forged = {"task_id": str(pending.id), "by": "admin\nINFO tether: forged"}
+        code, _, answer = post(server, "api/actions/cancel-task", forged, token=token)
+        assert code == 200 and answer["reply"] == "cancelled"
+        row = db.execute(
+            "SELECT cancel_requested_by FROM tether_tasks WHERE id = %s", (pending.id,)
+        ).fetchone()
+        assert row == {"cancel_requested_by": "dashboard:127.0.0.1"}
     finally:
         server.shutdown()
         server.server_close()
@@ -517,3 +557,199 @@ def test_the_command_refuses_a_public_address_without_a_token(database_url: str,
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+# -- the Host header (DNS rebinding) -----------------------------------------------------------
+
+
+class Dashboard:
+    """A real `tether dashboard` process, on a free port; stopped with SIGTERM at the end."""
+
+    def __init__(self, database_url: str, *args: str, token: str | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TETHER_DASHBOARD_TOKEN"}
+        if token is not None:
+            env["TETHER_DASHBOARD_TOKEN"] = token
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tether",
+                "dashboard",
+                "--port",
+                "0",
+                "--database-url",
+                database_url,
+                *args,
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.process.stdout is not None and self.process.stderr is not None
+        line = self.process.stdout.readline()
+        assert line.startswith("tether dashboard on http://"), line + self.process.stderr.read()
+        self.port = int(line.split(" on ", 1)[1].split(" ", 1)[0].rstrip("/").rsplit(":", 1)[1])
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        hosts: list[str],
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> tuple[int, bytes]:
+        """One request to 127.0.0.1:<port> carrying exactly the Host headers ``hosts``."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT)
+        try:
+            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            for host in hosts:
+                connection.putheader("Host", host)
+            data = b"" if body is None else json.dumps(body).encode()
+            for key, value in {**(headers or {}), "Content-Length": str(len(data))}.items():
+                connection.putheader(key, value)
+            connection.endheaders(data)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def stop(self) -> str:
+        """Stop it (SIGTERM); its log (stderr)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            assert self.process.wait(timeout=WAIT) == 0
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        assert self.process.stderr is not None
+        return self.process.stderr.read()
+
+
+@pytest.mark.server_agnostic
+def test_a_loopback_dashboard_answers_only_requests_that_name_it(
+    basic: ModuleType, database_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """A page that points its own name at 127.0.0.1 (DNS rebinding) sends requests with its
+    name in Host, and an Origin to match: refused whatever the path, nothing read or changed."""
+    token = "r3bind-" + uuid.uuid4().hex
+    handle = basic.add.send(40, 2)
+    dashboard = Dashboard(database_url, token=token)
+    try:
+        port = dashboard.port
+        secret = {"Authorization": f"Bearer {token}"}
+        for host in [
+            f"evil.example:{port}",
+            "evil.example",
+            f"127.0.0.1.evil.example:{port}",
+            f"localhost.evil.example:{port}",
+            f"192.0.2.7:{port}",
+            f"localhost:{port}@evil.example",
+            "",
+        ]:
+            for path in [
+                "/",
+                "/static/main.js",
+                "/api/meta",
+                "/api/status",
+                "/api/tasks",
+                f"/api/tasks/{handle.id}",
+            ]:
+                code, body = dashboard.request("GET", path, [host], secret)
+                assert code == 421, (host, path, code, body)
+                error = json.loads(body)["error"]
+                assert "DNS rebinding" in error and "--allowed-host" in error, error
+                assert str(handle.id) not in body.decode(), (host, path)
+            origin = {"Origin": f"http://{host}", "Content-Type": "application/json", **secret}
+            code, body = dashboard.request(
+                "POST", "/api/actions/pause-queue", [host], origin, {"queue": "default"}
+            )
+            assert code == 421, (host, code, body)
+            code, _ = dashboard.request(
+                "POST", "/api/actions/cancel-task", [host], origin, {"task_id": str(handle.id)}
+            )
+            assert code == 421
+        assert db.execute("SELECT count(*) AS n FROM tether_paused_queues").fetchone() == {"n": 0}
+        assert basic.app.handle(handle.id).status() == "PENDING"
+        # No Host at all, or two: a request no browser sends.
+        assert dashboard.request("GET", "/api/tasks", [], secret)[0] == 400
+        assert dashboard.request("GET", "/api/tasks", [f"127.0.0.1:{port}", "evil.example"], secret)[0] == 400
+
+        # The names a browser on this machine (or through an SSH tunnel's port) sends.
+        for host in [
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            f"[::1]:{port}",
+            "LocalHost",
+            "127.0.0.1:9000",
+        ]:
+            code, body = dashboard.request("GET", "/api/tasks", [host])
+            assert code == 200 and str(handle.id) in body.decode(), (host, code, body)
+        code, body = dashboard.request(
+            "POST",
+            "/api/actions/pause-queue",
+            [f"localhost:{port}"],
+            {"Origin": f"http://localhost:{port}", "Content-Type": "application/json", **secret},
+            {"queue": "default"},
+        )
+        assert code == 200 and json.loads(body)["changed"] is True, body
+    finally:
+        log = dashboard.stop()
+    assert (
+        "dashboard refused GET /api/tasks from 127.0.0.1: this dashboard does not answer to the Host" in log
+    )
+
+
+@pytest.mark.server_agnostic
+def test_allowed_hosts_add_names_and_beyond_loopback_any_host_needs_the_token(
+    basic: ModuleType, database_url: str
+) -> None:
+    token = "pr0xy-" + uuid.uuid4().hex
+    secret = {"X-Tether-Token": token}
+    dashboard = Dashboard(database_url, "--allowed-host", "Dash.Example", "--allowed-host", "[2001:db8::5]")
+    try:
+        for host in ["dash.example", "dash.example:443", "[2001:db8::5]:8443", f"127.0.0.1:{dashboard.port}"]:
+            assert dashboard.request("GET", "/api/status", [host])[0] == 200, host
+        assert dashboard.request("GET", "/api/status", ["other.example"])[0] == 421
+    finally:
+        dashboard.stop()
+
+    # Beyond loopback the token guards every read: any Host is answered, and only with it.
+    dashboard = Dashboard(database_url, "--host", "0.0.0.0", token=token)
+    try:
+        assert dashboard.request("GET", "/api/status", ["dash.example"], secret)[0] == 200
+        assert dashboard.request("GET", "/api/status", ["dash.example"])[0] == 401
+    finally:
+        dashboard.stop()
+    # ... unless names are given: then only those, loopback names and the listening address.
+    dashboard = Dashboard(database_url, "--host", "0.0.0.0", "--allowed-host", "dash.example", token=token)
+    try:
+        assert dashboard.request("GET", "/api/status", ["dash.example:8080"], secret)[0] == 200
+        assert dashboard.request("GET", "/api/status", ["localhost"], secret)[0] == 200
+        assert dashboard.request("GET", "/api/status", ["other.example"], secret)[0] == 421
+    finally:
+        dashboard.stop()
+
+    for bad in ["http://dash.example/", "dash.example:8080", "*.example", ""]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tether",
+                "dashboard",
+                "--allowed-host",
+                bad,
+                "--database-url",
+                database_url,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        assert done.returncode != 0 and f"--allowed-host {bad!r} is not a host name" in done.stderr, (
+            done.stderr
+        )

@@ -19,6 +19,7 @@ import pytest
 from tests.apps.support import connect, prepared_insert
 from tests.conftest import WorkerFactory
 from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
+from tether.sending.many import ManySend
 
 SENDS = 100
 
@@ -125,7 +126,7 @@ def test_a_durable_send_keeps_the_sessions_own_setting(
             if statement == "insert_task":
                 _, insert = prepared_insert(bound, (1, 2))
             else:
-                insert = bound._prepare_many([(1, 2)], {}).insert
+                insert = ManySend.prepare(bound._basis, [(1, 2)], {}, None).write
             with conn.transaction(force_rollback=True):
                 insert(conn)
                 row = conn.execute("SHOW synchronous_commit").fetchone()

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import tether.task
+import tether.sending.many
 from tests.apps.support import count_tasks, task_row
 from tests.conftest import REPO, WorkerFactory, WorkerProcess
 from tether import ErrorCode, TaskHandle, TaskStatus
@@ -208,8 +208,8 @@ def test_send_many_is_one_transaction_across_statements(
     # chunk fail in the database (a duplicate id) after two chunks were inserted.
     existing = basic.add.with_options(queue="low").send(0, 0)
     ids = iter([uuid.uuid4() for _ in range(4)] + [existing.id])
-    monkeypatch.setattr(tether.task, "SEND_MANY_CHUNK", 2)
-    monkeypatch.setattr(tether.task, "new_task_ids", lambda n: [next(ids) for _ in range(n)])
+    monkeypatch.setattr(tether.sending.many, "SEND_MANY_CHUNK", 2)
+    monkeypatch.setattr(tether.sending.many, "new_task_ids", lambda n: [next(ids) for _ in range(n)])
     with pytest.raises(psycopg.errors.UniqueViolation):
         basic.add.with_options(queue="low").send_many([(i, i) for i in range(5)])
     assert count_tasks(db) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -142,3 +143,102 @@ def test_newer_schema_is_refused(fresh_database: Callable[[], str]) -> None:
             app.tasks["ping"].send()
     finally:
         app.close()
+
+
+# -- migration 10: the indexes of the dashboard's unsuccessful-task lists ----------------------
+
+# 60,000 tasks, made in id (time) order: every 50th FAILED (2%), every 5,000th of those with
+# a rare code, every 200th CANCELLED, every 6,000th EXPIRED (0.02%), the rest COMPLETED.
+HISTORY = """
+INSERT INTO tether_tasks (id, name, queue, status, error_code, run_at, sent_at, enqueued_at, updated_at)
+SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7'
+        || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+       'task_' || (i % 34), 'default', st,
+       CASE st WHEN 'FAILED' THEN CASE WHEN i % 5000 = 0 THEN 'RARE_CODE' ELSE 'TIMEOUT' END
+               WHEN 'CANCELLED' THEN 'TASK_CANCELLED' WHEN 'EXPIRED' THEN 'TASK_EXPIRED' END,
+       ts, ts, ts, ts
+FROM (SELECT i, md5(i::text) AS h, timestamptz '2026-10-01' + i * interval '1 second' AS ts,
+             CASE WHEN i % 6000 = 3 THEN 'EXPIRED' WHEN i % 50 = 0 THEN 'FAILED'
+                  WHEN i % 200 = 7 THEN 'CANCELLED' ELSE 'COMPLETED' END AS st
+      FROM generate_series(1, 60000) AS i) AS made
+"""
+
+
+def index_names(plan: Any) -> set[str]:
+    """Every index an EXPLAIN (FORMAT JSON) plan reads."""
+    found = set()
+    if isinstance(plan, dict):
+        if "Index Name" in plan:
+            found.add(plan["Index Name"])
+        for value in plan.values():
+            found |= index_names(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found |= index_names(value)
+    return found
+
+
+def test_migration_10_indexes_the_unsuccessful_tasks_already_there_and_the_lists_use_it(
+    fresh_database: Callable[[], str],
+) -> None:
+    """Applied to a database with a history (as an upgrade meets it), the indexes take the rows
+    already there, and the dashboard's statement (browse_tasks, planned with its values as it
+    runs: unprepared) reads them for the filters that few rows match, with the same answer."""
+    from psycopg.rows import dict_row
+
+    from tether.broker.browse import TOP, TaskFilter, browse_tasks
+    from tether.broker.queries import q
+
+    url = fresh_database()
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute(
+            "CREATE TABLE tether_schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for mig in available()[:9]:  # the schema as version 9 left it
+            with conn.transaction():
+                conn.execute(mig.sql)
+                conn.execute(
+                    "INSERT INTO tether_schema_version (version, name) VALUES (%s, %s)",
+                    (mig.version, mig.name),
+                )
+        conn.execute(HISTORY)
+        assert migrate(conn) == [10]
+        conn.execute("ANALYZE tether_tasks")
+        for statuses, code, index in [
+            (["FAILED"], "RARE_CODE", "tether_tasks_failed_code_idx"),
+            (["FAILED"], "TIMEOUT", "tether_tasks_failed_code_idx"),
+            (["EXPIRED"], None, "tether_tasks_unsuccessful_idx"),
+            (["CANCELLED"], None, "tether_tasks_unsuccessful_idx"),
+            (["FAILED", "CANCELLED", "EXPIRED"], None, "tether_tasks_unsuccessful_idx"),
+            (["FAILED", "CANCELLED", "EXPIRED"], "RARE_CODE", "tether_tasks_unsuccessful_idx"),
+        ]:
+            where = TaskFilter(statuses=tuple(statuses), error_code=code)
+            params = {
+                "before": TOP,
+                "id_from": None,
+                "statuses": statuses,
+                "queue": None,
+                "name": None,
+                "error_code": code,
+                "limit": 51,
+            }
+            [row] = conn.execute(
+                "EXPLAIN (FORMAT JSON) " + q("browse_tasks"), params, prepare=False
+            ).fetchall()
+            used = index_names(row["QUERY PLAN"])
+            assert used == {index}, (statuses, code, used)
+            shown = [r.id for r in browse_tasks(conn, where, before=None, limit=51)]
+            with conn.transaction():  # the same rows, read without any index
+                conn.execute("SET LOCAL enable_indexscan = off")
+                conn.execute("SET LOCAL enable_bitmapscan = off")
+                conn.execute("SET LOCAL enable_indexonlyscan = off")
+                expected = [
+                    r["id"]
+                    for r in conn.execute(
+                        "SELECT id FROM tether_tasks WHERE status = ANY(%s)"
+                        " AND (%s::text IS NULL OR error_code = %s) ORDER BY id DESC LIMIT 51",
+                        (statuses, code, code),
+                    ).fetchall()
+                ]
+            assert shown == expected and shown, (statuses, code)

@@ -942,7 +942,7 @@ def test_cli_bulk_retry_asks_on_a_terminal(database_url: str, db: Conn, rt: Modu
         (("--since", "2026-01-01T00:00:00"), "has no UTC offset"),
         (("--since", "0h"), "no time ago"),
         (("--since", "1h", "--until", "2h", "--dry-run"), "must be before filter.until"),
-        (("--queue", "", "--dry-run"), "filter.queue must be a non-empty string"),
+        (("--queue", "", "--dry-run"), "Invalid value for '--queue': queue must be a queue name"),
     ],
 )
 def test_cli_usage_errors(database_url: str, db: Conn, args: tuple[str, ...], message: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -277,3 +277,118 @@ def test_send_then_get_at_once_is_picked_up_without_waiting_for_the_poll(
         result = basic.add.send(i, 1).get(timeout=10)
         assert result.ok == i + 1, f"send {i}: {result}"
     assert worker.stop() == 0, worker.log()
+
+
+# -- a waiting get() never delays a claim ---------------------------------------------------------
+# get() flags the task's row for a notification (tasks.sql watch_task), and that UPDATE holds
+# the row's lock until it commits. A claim running meanwhile skips the row (FOR UPDATE SKIP
+# LOCKED). The tests below hold that lock on purpose, from a connection of their own running
+# the same statement, until PostgreSQL shows that a claim ran while it was held
+# (pg_stat_activity); then they let it go and time the task's start in database time. The
+# worker's fallback poll is 60 s: only a wake-up can start the task sooner.
+
+SKIPPED_START_BOUND_S = 5.0
+
+
+def claim_ran_since(db: psycopg.Connection[Any], since: Any) -> bool:
+    """A claim statement (claims.sql claim_tasks) started at or after ``since`` (database time)
+    and has finished: it ran while the test held its lock."""
+    row = db.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query LIKE %s AND state = 'idle' AND query_start >= %s",
+        ("WITH scanned AS (%", since),
+    ).fetchone()
+    return row is not None and row["n"] > 0
+
+
+def watch_held(database_url: str, task_id: Any) -> tuple[psycopg.Connection[Any], Any]:
+    """A connection in a transaction that ran get()'s watch statement on ``task_id`` (so it
+    holds the row lock, as a get() whose commit is slow would), and the database time after."""
+    from tether.broker import tasks
+
+    holder = connect(database_url)
+    holder.execute("BEGIN")
+    state = tasks.watch_task(holder, task_id)
+    assert state is not None and state.status == "PENDING"
+    row = holder.execute("SELECT clock_timestamp() AS at").fetchone()
+    assert row is not None
+    return holder, row["at"]
+
+
+def start_delay(db: psycopg.Connection[Any], task_id: Any, released_at: Any) -> tuple[float, float]:
+    """Seconds from when the task could first be taken (due and unlocked) to its claim, and
+    to its start."""
+    row = db.execute(
+        "SELECT extract(epoch FROM claimed_at - greatest(run_at, %s))::float8 AS claimed,"
+        " extract(epoch FROM started_at - greatest(run_at, %s))::float8 AS started"
+        " FROM tether_tasks WHERE id = %s",
+        (released_at, released_at, task_id),
+    ).fetchone()
+    assert row is not None and row["started"] is not None, f"task {task_id} never started"
+    return float(row["claimed"]), float(row["started"])
+
+
+@pytest.fixture
+def idle_worker(basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory) -> Iterator[Any]:
+    """One worker, two sync children, a 60 s fallback poll, idle and waiting for work."""
+    worker = workers.start(
+        APP,
+        "--processes",
+        "2",
+        "--async-processes",
+        "0",
+        "--poll-interval-ms",
+        "60000",
+    )
+    # Both children run a task first: a child connects to the database on its first task,
+    # which on a loaded machine can take seconds that have nothing to do with waking up.
+    warm = basic.sleep.send_many([(0.5,), (0.5,)])
+    assert all(h.get(timeout=60).is_ok for h in warm)
+    ran = db.execute(
+        "SELECT count(DISTINCT pid) AS n FROM tether_task_attempts WHERE task_id = ANY(%s)",
+        ([h.id for h in warm],),
+    ).fetchone()
+    assert ran == {"n": 2}, "each child must have run one"
+    wait_until(lambda: waiters(db), message="the idle worker to register as waiting")
+    yield worker
+    assert worker.stop() == 0, worker.log()
+
+
+@pytest.mark.timing
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("alongside", [0, 1], ids=["claim-took-nothing", "claim-took-one-of-two"])
+def test_a_claim_that_skipped_a_row_a_waiting_get_held_is_woken_when_the_lock_goes(
+    basic: Any, database_url: str, db: psycopg.Connection[Any], idle_worker: Any, alongside: int
+) -> None:
+    """Tasks due in a moment, and a get() that flags the last of them just then: the worker
+    sets a timer for their run_at, and the claim at that time finds the flagged row locked.
+    Its claim took fewer tasks than it had room for (none, or the one sent alongside), and
+    it answered no notification: before the fix, nothing looked again before the 60 s poll.
+    A due time, rather than a task due now, makes the order certain: the lock is taken
+    before any claim can see the row."""
+    for i in range(10):
+        at = datetime.now(UTC) + timedelta(milliseconds=300)
+        others = [basic.add.schedule(at, i, 0) for _ in range(alongside)]
+        handle = basic.add.schedule(at, i, 1)
+        holder, held_at = watch_held(database_url, handle.id)
+        try:
+            due = db.execute("SELECT run_at FROM tether_tasks WHERE id = %s", (handle.id,)).fetchone()
+            assert due is not None and due["run_at"] > held_at, "the lock must be taken before run_at"
+            wait_until(
+                lambda at=due["run_at"]: claim_ran_since(db, at),
+                timeout=30,
+                message="the worker's claim at run_at, while the row is locked",
+            )
+            holder.execute("COMMIT")
+            released = db.execute("SELECT clock_timestamp() AS at").fetchone()
+        finally:
+            holder.close()
+        assert released is not None
+        assert all(other.get(timeout=30).ok == i for other in others)
+        # Far below the 60 s poll: a task left to the poll times out here.
+        result = handle.get(timeout=3 * SKIPPED_START_BOUND_S)
+        assert result.is_ok and result.ok == i + 1, f"round {i}: {result}"
+        claimed, started = start_delay(db, handle.id, released["at"])
+        assert started < SKIPPED_START_BOUND_S, (
+            f"round {i}: claimed {claimed:.1f} s and started {started:.1f} s after the lock went"
+        )

@@ -20,3 +20,21 @@ def test_importing_the_django_integration() -> None:
         backend = module.TetherBackend
         assert (backend.supports_defer, backend.supports_async_task) == (True, True)
         assert (backend.supports_get_result, backend.supports_priority) == (True, True)
+
+
+def test_the_django_worker_command_does_not_import_the_cli() -> None:
+    """``manage.py tether_worker`` builds its WorkerConfig as ``tether worker`` does
+    (tether.worker_options), without importing the CLI (click, rich, every command)."""
+    from tests.unit.test_import_cycles import _graph
+
+    graph = _graph()
+    command = "tether.contrib.django.management.commands.tether_worker"
+    assert "tether.worker_options" in graph[command]
+    reached: set[str] = set()
+    todo = [command]
+    while todo:  # everything it imports, directly or not, at import time or inside functions
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += graph[module]
+    assert sorted(m for m in reached if m == "tether.cli" or m.startswith("tether.cli.")) == []

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.broker import recovery, schedules, tasks, workers
+from tether.broker import answers, recovery, schedules, tasks, workers
 from tether.broker.identity import DatabaseIdentity, database_identity
 from tether.broker.tasks import Failure, QueueCount
 from tether.broker.workers import WorkerSummary
@@ -49,6 +50,10 @@ class StatusSnapshot:
     running_stale_threshold_s: float
     recent_failures: list[Failure] | None  # None unless asked for
     schedules: list[schedules.ScheduleInfo] | None = None  # None unless asked for
+
+
+class _AnsweredMeanwhile(Exception):
+    """Rolls back a repeated request whose first attempt committed its answer meanwhile."""
 
 
 class PostgresBroker:
@@ -142,10 +147,54 @@ class PostgresBroker:
 
         A pooled connection can die with the server (a restart, a failover,
         pg_terminate_backend) while it sits in the pool. A statement sent on it
-        either never ran, or ran and committed just before the connection broke;
-        every tether statement is safe to repeat in both cases, and an insert of
-        a client-generated id that meets its own row is taken as done.
+        either never ran, or ran and committed just before the connection broke.
+        Reads, sends and the worker's fenced writes are safe to repeat in both cases
+        (an insert of a client-generated id that meets its own row is taken as done);
+        a request that changes something and answers what it did goes through
+        run_request instead, which keeps the first attempt's answer.
         """
+        return self._attempts(lambda conn, repeat: work(conn), idempotent_insert=idempotent_insert)
+
+    def run_request(self, work: Callable[[psycopg.Connection[Row]], T], answer: answers.Answer[T]) -> T:
+        """``work``, a request that changes something (pause, resume, cancel, retry), with run()'s
+        retry and an answer that stays true across it.
+
+        Repeated after a lost connection whose statement had committed, a request would
+        answer for the state its first attempt left ("already paused", "already ended")
+        rather than for what it did. Here each attempt runs in one transaction that also
+        records its answer (as ``answer`` encodes the answers of its type)
+        under an id made for this call (answers.sql, migration 0010). A repeat returns the
+        recorded answer if there is one; else it works, and if the first attempt commits
+        meanwhile (it was still running on the server), the id's primary key makes the
+        repeat roll back and return that answer. Work that raises records nothing.
+        """
+        request_id = uuid.uuid4()
+
+        def attempt(conn: psycopg.Connection[Row], repeat: bool) -> T:
+            if repeat:
+                earlier = answers.recorded_answer(conn, request_id)
+                if earlier is not None:
+                    log.info("the request had committed before its connection was lost; its answer stands")
+                    return answer.load(earlier)
+            try:
+                with conn.transaction():
+                    result = work(conn)
+                    if not answers.record_answer(conn, request_id, answer.dump(result)):
+                        raise _AnsweredMeanwhile
+            except _AnsweredMeanwhile:
+                recorded = answers.recorded_answer(conn, request_id)
+                assert recorded is not None  # committed before this attempt's insert gave way
+                log.info("the request's first attempt committed while it was repeated; its answer stands")
+                return answer.load(recorded)
+            return result
+
+        return self._attempts(attempt, idempotent_insert=False)
+
+    def _attempts(
+        self, attempt: Callable[[psycopg.Connection[Row], bool], T], *, idempotent_insert: bool
+    ) -> T:
+        """``attempt(conn, repeat)`` until one returns: again on another pooled connection while
+        the one it had turns out dead (``repeat`` is True from the second attempt on)."""
         lost = False
         # Every connection in the pool may have died together: each dead one is
         # discarded on its way back, so at most pool_max_size of them can fail.
@@ -153,7 +202,7 @@ class PostgresBroker:
             try:
                 with _pooled(self.pool) as conn:
                     try:
-                        return work(conn)
+                        return attempt(conn, lost)
                     except psycopg.errors.UniqueViolation:
                         if idempotent_insert and lost:
                             log.info("the insert had committed before the connection was lost")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from tether.broker.answers import Answer
 from tether.broker.queries import q
 from tether.broker.types import Conn
 
@@ -21,6 +22,10 @@ class Pause:
     queue: str
     paused_at: datetime
     paused_by: str | None
+
+
+#: The answer of pause_queue and resume_queue, as PostgresBroker.run_request records it.
+PAUSE_ANSWER: Answer[Pause | None] = Answer(Pause | None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,12 @@ class StaleTask:
     last_heartbeat_at: datetime | None  # the latest of start, progress and runner heartbeat
     silent_s: float
 
+    def __getitem__(self, field_name: str) -> object:
+        """``task['id']``: a field by name, as the seed documents read these rows."""
+        if field_name not in self.__dataclass_fields__:
+            raise KeyError(field_name)
+        return getattr(self, field_name)
+
 
 @dataclass
 class Recovered:

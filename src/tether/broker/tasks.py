@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from tether.broker.answers import Answer
 from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn
 
@@ -239,6 +240,10 @@ class Cancelled:
     claimed_by_worker_id: str | None
     cancel_requested_at: datetime
     cancel_requested_by: str | None
+
+
+#: cancel_task's answer, as PostgresBroker.run_request records it.
+CANCEL_ANSWER: Answer[Cancelled | None] = Answer(Cancelled | None)
 
 
 def cancel_task(conn: Conn, task_id: UUID, by: str | None) -> Cancelled | None:

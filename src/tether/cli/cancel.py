@@ -13,7 +13,10 @@ from tether.ids import parse_task_id
 @click.command()
 @click.argument("task_ids", nargs=-1, required=True, metavar="ID...")
 @click.option(
-    "--by", default=None, help="Who asks: kept on the task and in its error (default: cli:<user>@<host>)."
+    "--by",
+    default=None,
+    callback=common.by_checked,
+    help="Who asks: kept on the task and in its error (default: cli:<user>@<host>).",
 )
 @common.db_option
 @common.json_option

@@ -12,7 +12,7 @@ import dataclasses
 import getpass
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -24,6 +24,8 @@ from rich.text import Text
 from tether.broker import PostgresBroker
 from tether.broker.workers import WorkerSummary
 from tether.config import AppConfig, PostgresConfig
+from tether.errors import InvalidOptionError
+from tether.names import MAX_BY_LENGTH, check_by, check_queue_name, check_task_name
 
 console = Console()
 
@@ -136,4 +138,29 @@ def who_asks() -> str:
         user = getpass.getuser()
     except (KeyError, OSError):  # no login name and no passwd entry (some containers)
         user = "unknown"
-    return f"cli:{user}@{socket.gethostname()}"
+    return f"cli:{user}@{socket.gethostname()}"[:MAX_BY_LENGTH]
+
+
+Callback = Callable[[click.Context, click.Parameter, Any], Any]
+
+
+def checked(check: Callable[[Any, str], Any], what: str | None = None) -> Callback:
+    """A click callback that checks an option's value with one of tether.names' checks (the
+    API's rule; ``what``: the name the message gives it, by default the option's); a refusal
+    is a usage error (exit code 2) naming the option, before anything is read or written.
+    None (not given) passes."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return check(value, what or param.name or "value")
+        except InvalidOptionError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+
+    return callback
+
+
+by_checked = checked(check_by)
+queue_checked = checked(check_queue_name)
+task_name_checked = checked(check_task_name)

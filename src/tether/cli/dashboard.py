@@ -31,6 +31,15 @@ from tether.cli import common
     default=None,
     help="Read the token from the first line of this file.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host header names NAME (a reverse proxy's public name); "
+    "repeatable. Always answered: localhost, 127.0.0.1, [::1] and the --host address. Beyond "
+    "loopback without this option, any Host is answered (the token guards every read).",
+)
 def dashboard(
     database_url: str | None,
     app_path: str | None,
@@ -38,14 +47,18 @@ def dashboard(
     port: int,
     token: str | None,
     token_file: str | None,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """A web page of tasks, workflows, queues and workers; with a token, it can act on them."""
     from tether.web.auth import READ_ONLY_NOTE, TokenError, is_loopback, read_token
     from tether.web.dashboard import DashboardServer
+    from tether.web.hosts import HostNameError, allowed_host
 
     try:
         secret = read_token(token, token_file)
-    except TokenError as exc:
+        for name in allowed_hosts:
+            allowed_host(name)  # checked before anything is opened
+    except (TokenError, HostNameError) as exc:
         raise click.ClickException(str(exc)) from None
     if secret is None and not is_loopback(host):
         raise click.ClickException(
@@ -64,23 +77,27 @@ def dashboard(
             token=secret,
             private_reads=not is_loopback(host),  # beyond loopback, the token guards reads too
             queues=config.queues,
+            allowed_hosts=allowed_hosts,
         )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)")
-    if secret is None:
-        click.echo(READ_ONLY_NOTE)
-    elif server.access.private_reads:
-        click.echo("actions enabled; beyond loopback, reading needs the token too: the page asks for it once")
-    else:
-        click.echo("actions enabled: the page asks for the token once")
-    sys.stdout.flush()
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (systemd, docker stop) ends it as Ctrl-C does
 
+    # Before the first line is printed: whoever reads it may stop the dashboard at once.
     signal.signal(signal.SIGTERM, stop)
     try:
+        click.echo(f"tether dashboard on {server.url} (Ctrl-C to stop)")
+        if secret is None:
+            click.echo(READ_ONLY_NOTE)
+        elif server.access.private_reads:
+            click.echo(
+                "actions enabled; beyond loopback, reading needs the token too: the page asks for it once"
+            )
+        else:
+            click.echo("actions enabled: the page asks for the token once")
+        sys.stdout.flush()
         server.serve_forever()
     except KeyboardInterrupt:
         pass

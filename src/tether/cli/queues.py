@@ -8,8 +8,8 @@ from rich.text import Text
 from tether.broker import PostgresBroker
 from tether.broker import queues as queue_rows
 from tether.cli import common
-from tether.errors import InvalidOptionError
-from tether.queue_control import QueueInfo, check_queue_name, list_queues, pause_queue, resume_queue
+from tether.names import check_queue_name
+from tether.queue_control import QueueInfo, list_queues, pause_queue, resume_queue
 from tether.result import TaskStatus
 
 
@@ -81,15 +81,10 @@ def queue() -> None:
 by_option = click.option(
     "--by",
     default=None,
+    callback=common.by_checked,
     help="Who asks: stored with the pause and logged (default: cli:<user>@<host>).",
 )
-
-
-def _checked(name: str) -> str:
-    try:
-        return check_queue_name(name)
-    except InvalidOptionError as exc:
-        raise click.BadParameter(str(exc), param_hint="NAME") from None
+name_argument = click.argument("name", callback=common.checked(check_queue_name, "queue"))
 
 
 def _warn_if_unknown(broker: PostgresBroker, name: str) -> None:
@@ -108,7 +103,7 @@ def _since(held: queue_rows.Pause | None, lead: str = "") -> str:
 
 
 @queue.command()
-@click.argument("name")
+@name_argument
 @by_option
 @common.db_option
 def pause(name: str, by: str | None, database_url: str | None) -> None:
@@ -117,7 +112,6 @@ def pause(name: str, by: str | None, database_url: str | None) -> None:
     Running tasks go on; claimed tasks that no child has been handed yet go back to
     PENDING; sends to NAME are still accepted and wait.
     """
-    name = _checked(name)
     broker = common.open_broker(database_url)
     if pause_queue(broker, name, by=by or common.who_asks()):
         click.echo(
@@ -131,12 +125,11 @@ def pause(name: str, by: str | None, database_url: str | None) -> None:
 
 
 @queue.command()
-@click.argument("name")
+@name_argument
 @by_option
 @common.db_option
 def resume(name: str, by: str | None, database_url: str | None) -> None:
     """Let workers claim from queue NAME again; they do at once."""
-    name = _checked(name)
     broker = common.open_broker(database_url)
     held = broker.run(lambda conn: queue_rows.get_pause(conn, name))
     if resume_queue(broker, name, by=by or common.who_asks()):

@@ -74,8 +74,8 @@ def _statuses(given: tuple[str, ...]) -> tuple[str, ...]:
     multiple=True,
     help="FAILED, CANCELLED or EXPIRED; repeat it or separate with commas (default: FAILED).",
 )
-@click.option("--queue", default=None, help="Only tasks of this queue.")
-@click.option("--name", default=None, help="Only tasks of this task name.")
+@click.option("--queue", default=None, callback=common.queue_checked, help="Only tasks of this queue.")
+@click.option("--name", default=None, callback=common.task_name_checked, help="Only tasks of this task name.")
 @click.option("--error-code", default=None, help="Only tasks that ended with this error code.")
 @click.option(
     "--since",
@@ -92,7 +92,12 @@ def _statuses(given: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--dry-run", is_flag=True, help="Count what matches and show a sample; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before a bulk retry (needed off a terminal).")
 @click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True, help="Rows shown.")
-@click.option("--by", default=None, help="Who asks, for the log (default: cli:<user>@<host>).")
+@click.option(
+    "--by",
+    default=None,
+    callback=common.by_checked,
+    help="Who asks, for the log (default: cli:<user>@<host>).",
+)
 @common.db_option
 @common.json_option
 def retry(

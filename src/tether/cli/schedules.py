@@ -7,6 +7,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
+from tether.broker.answers import CHANGED
 from tether.broker.schedules import ScheduleInfo, list_schedules
 from tether.cli import common
 from tether.periodic import set_paused
@@ -76,7 +77,9 @@ def _local(s: ScheduleInfo, slot: datetime | None) -> str:
 @common.db_option
 def pause(name: str, database_url: str | None) -> None:
     """Stop sending NAME's slots until resumed."""
-    changed = common.open_broker(database_url).run(lambda conn: set_paused(conn, name, paused=True))
+    changed = common.open_broker(database_url).run_request(
+        lambda conn: set_paused(conn, name, paused=True), CHANGED
+    )
     click.echo(f"schedule {name} paused" if changed else f"schedule {name} was already paused")
 
 
@@ -85,5 +88,7 @@ def pause(name: str, database_url: str | None) -> None:
 @common.db_option
 def resume(name: str, database_url: str | None) -> None:
     """Send NAME's slots again, from the first slot after now (missed ones are not sent)."""
-    changed = common.open_broker(database_url).run(lambda conn: set_paused(conn, name, paused=False))
+    changed = common.open_broker(database_url).run_request(
+        lambda conn: set_paused(conn, name, paused=False), CHANGED
+    )
     click.echo(f"schedule {name} resumed" if changed else f"schedule {name} was not paused")

@@ -50,8 +50,8 @@ TASK_FIELDS = (
 @common.db_option
 @common.json_option
 @click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus], case_sensitive=False))
-@click.option("--queue", default=None)
-@click.option("--name", default=None)
+@click.option("--queue", default=None, callback=common.queue_checked)
+@click.option("--name", default=None, callback=common.task_name_checked)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 def tasks(
     database_url: str | None,

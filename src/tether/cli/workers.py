@@ -6,10 +6,9 @@ from typing import Any
 
 import click
 
-from tether.app import Tether
 from tether.broker.workers import list_workers
 from tether.cli import common
-from tether.config import WorkerConfig
+from tether.worker_options import worker_config
 
 
 @click.command()
@@ -95,13 +94,6 @@ def worker(
         "poll_interval_ms": poll_interval_ms,
     }
     run_worker(app, app_path, worker_config(app, overrides))
-
-
-def worker_config(app: Tether, overrides: dict[str, Any]) -> WorkerConfig:
-    """The app's WorkerConfig with the options given on the command line (None: not given)."""
-    base = app.config.worker.model_dump()
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    return WorkerConfig(**base)
 
 
 @click.command()

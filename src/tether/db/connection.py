@@ -1,7 +1,9 @@
-"""Where the database is, and opening connections to it with errors that say which URL failed."""
+"""Where the database is, and opening connections to it with errors that say which URL failed;
+the worker's dedicated connections (DedicatedConnection) and the options of all its connections."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -61,16 +63,66 @@ def worker_connection_options(config: AppConfig, role: str) -> dict[str, Any]:
     }
 
 
-def connect_worker(url: str, config: AppConfig, role: str) -> psycopg.Connection[dict[str, Any]]:
-    """A worker's dedicated sync connection (see worker_connection_options)."""
-    return psycopg.connect(url, **worker_connection_options(config, role))
+class DedicatedConnection:
+    """A connection of a worker's own for one job: the reaper, the scheduler, a recorder.
+
+    Opened on first use, opened again on the next use after it was lost (``close()``,
+    or the server or the network dropped it), closed at the end. It is the only way
+    those jobs get a connection, so what every such connection needs is decided here,
+    in ``worker_connection_options``: its role in pg_stat_activity (``tether-<role>``),
+    autocommit, dict rows, the TCP and session limits. Not thread-safe: one user at a
+    time (the recorder holds a lock around it; a service uses it from one round at a time).
+    """
+
+    def __init__(self, url: str, config: AppConfig, role: str) -> None:
+        self.url = url
+        self.config = config
+        self.role = role
+        self._conn: psycopg.Connection[dict[str, Any]] | None = None
+
+    def get(self) -> psycopg.Connection[dict[str, Any]]:
+        """The open connection; a new one if there is none or it was lost."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+        return self._conn
+
+    def close(self) -> None:
+        """Let the connection go (the next ``get()`` opens another); closing a broken one saves nothing."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn.close()
+
+    def __enter__(self) -> psycopg.Connection[dict[str, Any]]:
+        return self.get()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-async def connect_worker_async(
-    url: str, config: AppConfig, role: str
-) -> psycopg.AsyncConnection[dict[str, Any]]:
-    """A worker's dedicated async connection (see worker_connection_options)."""
-    return await psycopg.AsyncConnection.connect(url, **worker_connection_options(config, role))
+class AsyncDedicatedConnection:
+    """DedicatedConnection for the jobs on the worker's event loop: the heartbeat, the work listener."""
+
+    def __init__(self, url: str, config: AppConfig, role: str) -> None:
+        self.url = url
+        self.config = config
+        self.role = role
+        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+
+    async def get(self) -> psycopg.AsyncConnection[dict[str, Any]]:
+        """The open connection; a new one if there is none or it was lost."""
+        if self._conn is None or self._conn.closed:
+            self._conn = await psycopg.AsyncConnection.connect(
+                self.url, **worker_connection_options(self.config, self.role)
+            )
+        return self._conn
+
+    async def close(self) -> None:
+        """Let the connection go (the next ``get()`` opens another); closing a broken one saves nothing."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
 
 
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tether import cancelling, queue_control, retrying
+from tether import cancelling, names, queue_control, retrying
 from tether.broker import PostgresBroker
+from tether.broker.answers import CHANGED
 from tether.errors import InvalidOptionError, TaskNotFoundError
 from tether.web import api
 from tether.web.jsonout import ApiError
@@ -154,7 +155,7 @@ def resume_queue(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Ac
 def cancel_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: steps not started end CANCELLED; running ones finish."""
     wid = _id(body, "workflow_id")
-    changed = broker.run(lambda conn: engine.cancel(conn, wid))
+    changed = broker.run_request(lambda conn: engine.cancel(conn, wid), CHANGED)
     message = f"workflow {wid} cancelled" if changed else f"workflow {wid} not cancelled: it is not open"
     return Acted(f"workflow {wid}", changed, message)
 
@@ -162,7 +163,7 @@ def cancel_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) ->
 def pause_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: start no new steps until resumed."""
     wid = _id(body, "workflow_id")
-    changed = broker.run(lambda conn: engine.pause(conn, wid))
+    changed = broker.run_request(lambda conn: engine.pause(conn, wid), CHANGED)
     message = f"workflow {wid} paused" if changed else f"workflow {wid} not paused: it is not RUNNING"
     return Acted(f"workflow {wid}", changed, message)
 
@@ -170,7 +171,7 @@ def pause_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> 
 def resume_workflow(broker: PostgresBroker, body: Mapping[str, Any], by: str) -> Acted:
     """``{"workflow_id"}``: a PAUSED workflow runs on; steps that became ready start."""
     wid = _id(body, "workflow_id")
-    changed = broker.run(lambda conn: engine.resume(conn, wid))
+    changed = broker.run_request(lambda conn: engine.resume(conn, wid), CHANGED)
     message = f"workflow {wid} resumed" if changed else f"workflow {wid} not resumed: it is not PAUSED"
     return Acted(f"workflow {wid}", changed, message)
 
@@ -199,6 +200,6 @@ def _id(body: Mapping[str, Any], key: str) -> uuid.UUID:
 
 def _queue(body: Mapping[str, Any]) -> str:
     try:
-        return queue_control.check_queue_name(body.get("queue"))
+        return names.check_queue_name(body.get("queue"))
     except InvalidOptionError as exc:
         raise ApiError(400, str(exc)) from None

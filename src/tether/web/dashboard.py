@@ -7,7 +7,8 @@ a web framework would add a dependency and nothing else. GET requests only read
 a header (tether.web.auth, tether.web.actions), each logged at INFO with what it changed
 and the client's address, never with the token. Without a token the dashboard is
 read-only. It binds to 127.0.0.1 unless told otherwise, because task arguments, errors
-and hostnames are not for everyone; beyond loopback it needs a token.
+and hostnames are not for everyone; beyond loopback it needs a token. Every request
+must name the dashboard in its Host header (tether.web.hosts: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from tether.broker import PostgresBroker
 from tether.config import RecoveryConfig
 from tether.errors import DatabaseUnreachableError, InvalidOptionError
 from tether.web import actions, api
-from tether.web.auth import READ_ONLY_NOTE, Access, Refusal
+from tether.web.auth import READ_ONLY_NOTE, Access, Refusal, is_loopback
+from tether.web.hosts import HostCheck
 from tether.web.jsonout import ApiError, encode
 
 log = logging.getLogger("tether.web")
@@ -62,8 +64,11 @@ class DashboardServer(ThreadingHTTPServer):
         token: str | None = None,
         private_reads: bool = False,
         queues: Sequence[str] = (),
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.access = Access(token, private_reads=private_reads)  # before binding: may refuse
+        # Before binding too: a bad --allowed-host is refused with nothing opened.
+        self.hosts = HostCheck.for_bind(address[0], allowed_hosts, loopback=is_loopback(address[0]))
         super().__init__(address, DashboardHandler)
         self.broker = broker
         self.recovery = recovery
@@ -132,6 +137,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
     server: DashboardServer
 
     def do_GET(self) -> None:  # the name http.server dispatches GET requests to
+        if self._host_refused():
+            return
         parts = urlsplit(self.path)
         path = unquote(parts.path)
         if path == "/":
@@ -173,6 +180,8 @@ class DashboardHandler(BaseHTTPRequestHandler):
         self._reply(404, "text/plain; charset=utf-8", b"not found\n")
 
     def do_POST(self) -> None:  # the name http.server dispatches POST requests to
+        if self._host_refused():
+            return
         path = urlsplit(self.path).path
         match = ACTION_PATH.fullmatch(path)
         if path != CHECK_PATH and (match is None or match["name"] not in actions.ACTIONS):
@@ -194,6 +203,21 @@ class DashboardHandler(BaseHTTPRequestHandler):
             self._json(200, {"ok": True})
             return
         self._act(name, body, client)
+
+    def _host_refused(self) -> bool:
+        """Refuse (and say so) a request whose Host does not name this dashboard."""
+        refusal = self.server.hosts.refusal(self.headers.get_all("Host") or [])
+        if refusal is None:
+            return False
+        log.warning(
+            "dashboard refused %s %s from %s: %s",
+            self.command,
+            urlsplit(self.path).path,
+            self.client_address[0],
+            refusal.message,
+        )
+        self._json(refusal.code, {"error": refusal.message})
+        return True
 
     def _act(self, name: str, body: dict[str, Any], client: str) -> None:
         by = f"dashboard:{client}"

@@ -20,7 +20,6 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -31,6 +30,7 @@ from tether.progress import set_reporter_in_context
 from tether.worker import protocol
 from tether.worker.child import ParentGuard, begin_child, running_task
 from tether.worker.execute import Executor, internal_failure
+from tether.worker.progress_reports import ProgressWriter
 from tether.worker.recorder import Recorder
 
 log = logging.getLogger("tether.worker.async_child")
@@ -52,10 +52,14 @@ def async_child_main(
 ) -> None:
     guard, app = begin_child("async child", parent_pid, log_level, app_path)
     recorder = Recorder(url, worker_id, app.config)
-    child = AsyncChild(conn, Executor(app), recorder, guard, stamps, index, concurrency)
+    # Progress reports on a connection of their own: a report that waits (a lost
+    # connection, a row held by another session) holds up no start or outcome.
+    progress = ProgressWriter(Recorder(url, worker_id, app.config))
+    child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency)
     try:
         asyncio.run(child.serve())
     finally:
+        progress.close()
         recorder.close()
 
 
@@ -65,6 +69,7 @@ class AsyncChild:
         conn: Connection,
         executor: Executor,
         recorder: Recorder,
+        progress: ProgressWriter,
         guard: ParentGuard,
         stamps: Any,
         index: int,
@@ -73,6 +78,7 @@ class AsyncChild:
         self.conn = conn
         self.executor = executor
         self.recorder = recorder
+        self.progress = progress
         self.guard = guard
         self.stamps = stamps
         self.index = index
@@ -176,9 +182,13 @@ class AsyncChild:
     async def _run(self, payload: TaskPayload) -> None:
         # Each asyncio task has its own context: these are seen by this task's code only.
         set_current_task_in_context(running_task(payload, self.recorder.worker_id))
-        set_reporter_in_context(partial(self.recorder.report_progress, payload))
+        progress = self.progress.for_task(payload)
+        set_reporter_in_context(progress)
         try:
             outcome = await self.executor.run_async(payload)
+            # The reports it made without waiting are written before its outcome ends the
+            # RUNNING row they are written to.
+            await progress.flushed()
         except asyncio.CancelledError:
             raise  # the child is going away: its supervisor (or a reaper) records the task
         except Exception as exc:  # a bug of ours must not pass as the task's crash

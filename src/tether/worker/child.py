@@ -27,6 +27,7 @@ from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
+from tether.worker.progress_reports import WaitingReporter
 from tether.worker.recorder import Recorder
 
 log = logging.getLogger("tether.worker.child")
@@ -151,7 +152,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             if not started:
                 current = None
                 continue
-        set_reporter(partial(recorder.report_progress, current))
+        set_reporter(WaitingReporter(recorder, current))
         set_current_task(running_task(current, recorder.worker_id))
         try:
             outcome = executor.run(current)

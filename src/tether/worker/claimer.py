@@ -18,6 +18,7 @@ from tether.broker import claims
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
+from tether.worker.backoff import Backoff, Outage
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
@@ -44,6 +45,7 @@ class Claimer:
         registration: NotifyRegistration,
         accept: Callable[[list[TaskPayload]], Awaitable[None]],
         may_claim: Callable[[], bool],
+        stopping: asyncio.Event,
     ) -> None:
         self.pool = pool
         self.worker_id = worker_id
@@ -61,30 +63,29 @@ class Claimer:
         self.registration = registration
         self.accept = accept  # takes what a claim returned
         self.may_claim = may_claim  # False while the worker isolates itself
-        self.stopping = False
+        self.stopping = stopping  # set: no more claims, the loop returns at its next turn (poke it)
         self._skip_names: dict[str, float] = {}
-
-    def stop(self) -> None:
-        """No more claims: the loop returns at its next turn."""
-        self.stopping = True
-        self.triggers.poke()
 
     def skip_name(self, name: str) -> None:
         """Another live worker runs ``name`` and this one cannot (a rolling deploy): leave it to them."""
         self._skip_names[name] = time.monotonic() + SKIP_NAME_FOR_S
 
     async def run(self) -> None:
-        backoff = 0.1
-        while not self.stopping:
+        """Claim until ``stopping`` is set; on a database error try again after 0.1 s, backing
+        off up to 5 s (a failure is logged once per outage)."""
+        backoff, outage = Backoff(0.1, 5.0), Outage("claim", log, logging.WARNING)
+        while not self.stopping.is_set():
             if self._wants_to_claim():
                 try:
                     await self.claim_once()
-                    backoff = 0.1
                 except DatabaseError as exc:
                     self.triggers.claim_failed()
-                    log.warning("claim failed (%s); retrying in %.1fs", exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    delay = backoff.next()
+                    outage.failed(exc, delay)
+                    await asyncio.sleep(delay)
+                else:
+                    backoff.reset()
+                    outage.over()
                 continue
             await self.triggers.sleep()
 

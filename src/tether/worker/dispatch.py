@@ -24,12 +24,29 @@ from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
 from tether.worker.recorder import Recorder
 from tether.worker.supervisor import ChildSlot, Supervisor
+from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 
 log = logging.getLogger("tether.worker.dispatch")
 
 # Tasks handed to a busy child ahead of time (see hand_out).
 PUSH_AHEAD = 2
+# A dead child's log line names this many task ids per outcome, and counts the others.
+IDS_PER_OUTCOME = 10
+
+
+def outcomes_of(held: list[TaskPayload], verdicts: dict[str, str]) -> str:
+    """What became of a dead child's tasks, grouped by outcome: "2 FAILED with WORKER_CRASHED:
+    <id>, <id>; 30 retry scheduled after WORKER_CRASHED: <ten ids> and 20 more"."""
+    groups: dict[str, list[str]] = {}
+    for task in held:
+        groups.setdefault(verdicts[task.id], []).append(task.id)
+    parts = []
+    for verdict, ids in groups.items():
+        more = len(ids) - IDS_PER_OUTCOME
+        named = ", ".join(ids[:IDS_PER_OUTCOME]) + (f" and {more} more" if more > 0 else "")
+        parts.append(f"{len(ids)} {verdict}: {named}")
+    return "; ".join(parts)
 
 
 class Dispatcher:
@@ -40,26 +57,30 @@ class Dispatcher:
         holdings: Holdings,
         time_limits: TimeLimits,
         recorder: Recorder,
+        supervisor: Supervisor,
         on_change: Callable[[], None],
+        stopping: asyncio.Event,
     ) -> None:
         self.lanes = lanes
         self.holdings = holdings
         self.time_limits = time_limits
         self.recorder = recorder
+        self.supervisor = supervisor  # no child before its start(): then there is nothing to do
         self.on_change = on_change  # a slot may have freed up: the claim loop looks again
-        self.supervisor: Supervisor | None = None  # set once the children are started
-        self.stopping = False
+        self._stopping = stopping  # the worker is stopping: hand out nothing more
         self.tasks_done = 0
         self.no_children = asyncio.Event()
-        self.recording: set[asyncio.Task[None]] = set()
+        self.recording = TaskSet("recording a dead child's tasks")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def idle(self, slot: ChildSlot) -> bool:
         return slot.ready and slot.kind == "sync" and self.holdings.current(slot.index) is None
 
     def hand_out(self) -> None:
         """Give unhanded tasks to idle children, then push the next ones to busy children."""
-        if self.supervisor is None:
-            return
         if self.holdings.unhanded_async and not self.stopping:
             self._hand_out_async()
         sup, held = self.supervisor, self.holdings
@@ -98,7 +119,6 @@ class Dispatcher:
 
     def _hand_out_async(self) -> None:
         """Top every ready async child up to what it may hold, in one message each."""
-        assert self.supervisor is not None
         held, limit = self.holdings, self.lanes.async_per_child
         for slot in self.supervisor.alive():
             if slot.kind != "async" or not slot.ready or not held.unhanded_async:
@@ -111,7 +131,6 @@ class Dispatcher:
     def stop_idle_children(self) -> None:
         """Graceful stop: children with nothing to do exit now; busy ones after their task.
         An async child gives back what it has not started and exits once its tasks end."""
-        assert self.supervisor is not None
         for slot in self.supervisor.alive():
             if self.idle(slot) or (slot.kind == "async" and slot.ready):
                 self.supervisor.send(slot, protocol.STOP)
@@ -119,7 +138,6 @@ class Dispatcher:
     # -- what the children say ---------------------------------------------------------
 
     def on_message(self, slot: ChildSlot, msg: dict[str, Any]) -> None:
-        assert self.supervisor is not None
         held, op = self.holdings, msg["op"]
         if op == protocol.READY:
             slot.ready = True
@@ -159,7 +177,6 @@ class Dispatcher:
         self.tasks_done += len(msg["done"])
 
     def _answer_next(self, slot: ChildSlot) -> None:
-        assert self.supervisor is not None
         if self.holdings.queued(slot.index):
             return  # a RUN pushed to this child already answers its question
         if self.stopping:
@@ -185,20 +202,22 @@ class Dispatcher:
             )
         if held:
             how = slot.crash_reason or "the worker process running this task died"
-            recording = asyncio.get_running_loop().create_task(self._record_crash(held, slot.killed_for, how))
-            self.recording.add(recording)
-            recording.add_done_callback(self.recording.discard)
-        if self.supervisor is None:
-            return
+            who = f"{slot.kind} child {slot.index} (pid {slot.pid})"
+            self.recording.start(self._record_crash(who, held, slot.killed_for, how))
         if not self.stopping:
             self.supervisor.spawn(slot.index)
         elif not self.supervisor.alive():
             self.no_children.set()
 
     async def _record_crash(
-        self, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
+        self, who: str, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
     ) -> None:
-        """Every task a dead child held, in one statement: started ones failed or retried, others released."""
+        """Every task a dead child held, in one statement: started ones failed or retried, others released.
+
+        One WARNING for the death, whatever the count (an async child may hold hundreds):
+        how many tasks ended which way, with their ids up to IDS_PER_OUTCOME; each task
+        alone at DEBUG. Its attempt row says the same, task by task.
+        """
         try:
             verdicts = await asyncio.to_thread(self.recorder.record_crashes, held, killed_for, how)
         except DatabaseError as exc:
@@ -208,15 +227,14 @@ class Dispatcher:
             verdicts = {task.id: verdict for task in held}
         for task in held:
             self.holdings.forget(task.id)
-            log.warning("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+            log.debug("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
+        log.warning("the %d task(s) of dead %s: %s", len(held), who, outcomes_of(held, verdicts))
         self.on_change()
 
     async def kill_children(self) -> None:
         """Kill every child still alive and wait until their tasks are recorded."""
-        assert self.supervisor is not None
         if self.supervisor.alive():
             self.supervisor.kill_all()
             await self.no_children.wait()
         # A killed child's tasks are being recorded (crashed or released): let that finish.
-        if self.recording:
-            await asyncio.gather(*self.recording, return_exceptions=True)
+        await self.recording.wait()

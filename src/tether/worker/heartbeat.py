@@ -1,18 +1,18 @@
-"""The worker's heartbeat writer: ONE statement per interval for the whole worker.
+"""The worker's heartbeat, a background service (services.py): ONE statement per interval
+for the whole worker.
 
 Each beat writes the registry row, a 'claimer' row for every task this worker
 holds CLAIMED, and a 'runner' row for every RUNNING task whose child stamped
 its slot in time; every few beats it adds a snapshot to tether_worker_states.
 However many tasks the worker holds, that is one transaction per interval.
 
-The writer knows the worker only through `BeatSource`: what to report, and where
+The heartbeat knows the worker only through `BeatSource`: what to report, and where
 to send the database's answer (tasks no longer ours; heartbeats getting through).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Protocol
@@ -21,9 +21,10 @@ import psutil
 
 from tether.broker import heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
-from tether.broker.types import AsyncConn, DatabaseError
 from tether.config import AppConfig, RecoveryConfig
-from tether.db.connection import connect_worker_async
+from tether.db.connection import AsyncDedicatedConnection
+from tether.worker.backoff import Backoff
+from tether.worker.services import Service
 
 log = logging.getLogger("tether.worker.heartbeat")
 
@@ -69,60 +70,56 @@ def resources() -> tuple[int | None, float | None]:
         return None, None
 
 
-class HeartbeatWriter:
-    """Writes the beat on a connection of its own.
+class Heartbeat(Service):
+    """Writes the beat on a connection of its own, once per interval.
 
     Not through the worker's pool: a pool that lost its connections (database
     restart, pg_terminate_backend) hands out new ones only after seconds of
     backoff, and a heartbeat must get through at once or the worker isolates itself.
+    So a beat that fails is tried again soon (RETRY_AFTER_FAILURE_S), not a beat later.
     """
 
-    def __init__(self, url: str, config: AppConfig, worker_id: str, hostname: str) -> None:
-        self.url = url
-        self.config = config
+    name = "heartbeat"
+    log = log
+    failure_level = logging.WARNING
+
+    def __init__(
+        self, url: str, config: AppConfig, worker_id: str, hostname: str, source: BeatSource, every: float
+    ) -> None:
+        retry = min(every, RETRY_AFTER_FAILURE_S)
+        super().__init__(Backoff(retry, retry))
+        self.connection = AsyncDedicatedConnection(url, config, "heartbeat")
         self.worker_id = worker_id
         self.hostname = hostname
-        self.last_ok = time.monotonic()
-        self._conn: AsyncConn | None = None
+        self.source = source
+        self.every = every
+        self.beats = 0  # written so far
+        self.last_ok = time.monotonic()  # when the last beat got through (the isolation watch reads it)
+        self._tried = False
 
-    async def write(self, beat: Beat, snapshot: Snapshot | None, timeout: float) -> BeatAnswer:
-        """Write one beat within ``timeout``; returns what the database said of its tasks."""
-        try:
-            return await asyncio.wait_for(self._write(beat, snapshot), timeout)
-        except (DatabaseError, OSError, TimeoutError):
-            await self.close()  # a fresh connection for the next try
-            raise
+    async def tick(self) -> float:
+        """Write one beat within the interval, hand the database's answer to the worker."""
+        if not self._tried:
+            # Silence counts from the first try: the start-up before it (children spawning
+            # on a busy host) is no silence, and must not make the worker isolate itself.
+            self._tried = True
+            self.last_ok = time.monotonic()
+        beat = self.source.collect()
+        snapshot = None
+        if self.beats % SNAPSHOT_EVERY == 0:
+            snapshot = Snapshot(self.source.tasks_done, *resources())
+        answer = await asyncio.wait_for(self._write(beat, snapshot), self.every)
+        self.beats += 1
+        self.source.answered(answer)
+        return self.every
 
     async def _write(self, beat: Beat, snapshot: Snapshot | None) -> BeatAnswer:
-        if self._conn is None or self._conn.closed:
-            self._conn = await connect_worker_async(self.url, self.config, "heartbeat")
+        conn = await self.connection.get()
         answer = await heartbeats.write_heartbeats(
-            self._conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
+            conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
         )
         self.last_ok = time.monotonic()
         return answer
 
     async def close(self) -> None:
-        if self._conn is not None and not self._conn.closed:
-            with contextlib.suppress(DatabaseError, OSError):  # closing a broken connection: nothing to save
-                await self._conn.close()
-        self._conn = None
-
-
-async def heartbeat_loop(source: BeatSource, writer: HeartbeatWriter, every: float) -> None:
-    beats = 0
-    while True:
-        beat = source.collect()
-        snapshot = None
-        if beats % SNAPSHOT_EVERY == 0:
-            snapshot = Snapshot(source.tasks_done, *resources())
-        try:
-            answer = await writer.write(beat, snapshot, timeout=every)
-        except (DatabaseError, OSError, TimeoutError) as exc:
-            silent = time.monotonic() - writer.last_ok
-            log.warning("heartbeat failed (%s); none written for %.1fs", exc or type(exc).__name__, silent)
-            await asyncio.sleep(min(every, RETRY_AFTER_FAILURE_S))  # try again soon, not a beat later
-            continue
-        beats += 1
-        source.answered(answer)
-        await asyncio.sleep(every)
+        await self.connection.close()  # a beat cut short by its timeout leaves it unusable

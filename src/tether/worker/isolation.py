@@ -2,9 +2,10 @@
 
 A reaper elsewhere may declare this worker dead once its last heartbeat is older
 than the running stale threshold, and then retry its tasks on another worker. A
-margin before that moment this worker isolates itself, so no task's code runs here
-and elsewhere at the same time: the children holding tasks are frozen (SIGSTOP),
-what is claimed but not handed to a child is dropped, and nothing is claimed.
+margin before that moment this worker isolates itself (IsolationWatch, a background
+service), so no task's code runs here and elsewhere at the same time: the children
+holding tasks are frozen (SIGSTOP), what is claimed but not handed to a child is
+dropped, and nothing is claimed.
 
 Frozen, not killed: when a heartbeat gets through again, the children whose tasks are
 still ours resume and only those whose tasks were recovered elsewhere are killed, so
@@ -15,7 +16,6 @@ a database restart or a network blip does not turn running tasks into crashes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -23,7 +23,9 @@ import signal
 import time
 from collections.abc import Callable
 
+from tether.worker.backoff import Backoff
 from tether.worker.holdings import Holdings
+from tether.worker.services import Service
 from tether.worker.supervisor import Supervisor
 
 log = logging.getLogger("tether.worker.isolation")
@@ -91,16 +93,27 @@ class Isolation:
             killed,
         )
 
-    async def watch(self, last_ok: Callable[[], float], every: float) -> None:
-        """Isolate the worker a margin before any reaper may declare it dead.
 
-        Waiting for a failed write to notice would be too late (a write can hang for
-        seconds), so this clock runs on its own: ``last_ok()`` is when the last
-        heartbeat got through (time.monotonic()).
-        """
-        isolate_after = self.running_stale_s - max(0.1, every / 4)
-        while True:
-            await asyncio.sleep(min(0.1, every / 10))
-            silent = time.monotonic() - last_ok()
-            if silent > isolate_after and not self.isolated:
-                self.isolate(silent)
+class IsolationWatch(Service):
+    """Isolates the worker a margin before any reaper may declare it dead (a background service).
+
+    Waiting for a failed write to notice would be too late (a write can hang for seconds),
+    so this clock runs on its own, ten times per heartbeat interval (at most every 0.1 s):
+    ``last_ok()`` is when the last heartbeat got through (time.monotonic()).
+    """
+
+    name = "isolation watch"
+    log = log
+
+    def __init__(self, isolation: Isolation, last_ok: Callable[[], float], every: float) -> None:
+        self.look_every = min(0.1, every / 10)
+        super().__init__(Backoff(self.look_every, self.look_every))  # it makes no database call
+        self.isolation = isolation
+        self.last_ok = last_ok
+        self.isolate_after = isolation.running_stale_s - max(0.1, every / 4)
+
+    async def tick(self) -> float:
+        silent = time.monotonic() - self.last_ok()
+        if silent > self.isolate_after and not self.isolation.isolated:
+            self.isolation.isolate(silent)
+        return self.look_every

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import select
+import struct
 from collections.abc import Callable
 from dataclasses import fields
 from multiprocessing.connection import Connection
@@ -41,14 +42,37 @@ BATCH = "batch"
 _PAYLOAD_FIELDS = tuple(f.name for f in fields(TaskPayload))
 
 
-def send(conn: Connection, op: str, **items: Any) -> None:
+def encode(op: str, **items: Any) -> bytes:
     task = items.get("task")
     if isinstance(task, TaskPayload):
         items["task"] = _plain(task)
     tasks = items.get("tasks")
     if tasks is not None:
         items["tasks"] = [_plain(t) for t in tasks]
-    conn.send_bytes(json.dumps({"op": op, **items}).encode())
+    return json.dumps({"op": op, **items}).encode()
+
+
+def send(conn: Connection, op: str, **items: Any) -> None:
+    """Write a message, waiting for room in the pipe (children do; the main process uses framed())."""
+    conn.send_bytes(encode(op, **items))
+
+
+# Messages larger than this are sent as two chunks (header, body) instead of one joined
+# copy, as Connection.send_bytes does.
+_JOIN_BELOW = 16384
+
+
+def framed(op: str, **items: Any) -> tuple[bytes, ...]:
+    """A message as the bytes ``Connection.recv_bytes`` reads on the other end, for a writer that
+    sends them itself (worker/pipe_writer.py): the length (4 bytes, big-endian; -1 then 8 bytes
+    past 2 GiB) and the JSON body. This is multiprocessing's wire format, stable since 3.8 and
+    checked by tests/unit/test_pipe_writer.py."""
+    body = encode(op, **items)
+    size = len(body)
+    if size > 0x7FFFFFFF:
+        return struct.pack("!i", -1) + struct.pack("!Q", size), body
+    header = struct.pack("!i", size)
+    return (header + body,) if size <= _JOIN_BELOW else (header, body)
 
 
 def recv(conn: Connection) -> dict[str, Any]:

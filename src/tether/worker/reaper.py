@@ -1,4 +1,5 @@
-"""The reaper: runs in every worker; one worker acts at a time (advisory lock).
+"""The reaper, a background service (services.py): runs in every worker; one worker acts at a
+time (advisory lock).
 
 Each tick, in this order: expire PENDING tasks past good_until; requeue stale
 CLAIMED; retry or fail stale RUNNING; mark silent workers inactive (all in one
@@ -6,12 +7,13 @@ transaction); then reconcile workflow steps whose task has ended (including the
 ones this tick just failed) and finish workflows, one transaction per workflow
 and only when there is any; prune by retention (at most hourly). Between
 ticks it sleeps until the next task would turn stale or expire, but never
-longer than check_interval_ms, so recovery does not wait for a fixed tick.
+longer than check_interval_ms, so recovery does not wait for a fixed tick; when a
+step filled its batch, it goes again at once. On a database error it tries again
+after 0.5 s, backing off up to check_interval_ms.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +21,9 @@ import uuid
 from tether.broker import recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
-from tether.db.connection import connect_worker
+from tether.db.connection import DedicatedConnection
+from tether.worker.backoff import Backoff
+from tether.worker.services import Service
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
@@ -30,32 +34,36 @@ AFTER_DUE_S = 0.01
 MIN_SLEEP_S = 0.05
 
 
-class Reaper:
+class Reaper(Service):
+    name = "reaper tick"
+    log = log
+
     def __init__(self, url: str, config: AppConfig, heartbeat_interval_s: float) -> None:
-        self.url = url
-        self.app_config = config
         self.config = config.recovery
+        super().__init__(Backoff(0.5, max(0.5, self.config.check_interval_ms / 1000)))
+        self.connection = DedicatedConnection(url, config, "reaper")
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
-        self._conn: Conn | None = None
         self._last_prune = -PRUNE_EVERY_S  # prune on the first tick that gets the lock
+        self.last: recovery.Recovered | None = None  # what the last pass did (None: another reaper acted)
 
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect_worker(self.url, self.app_config, "reaper")
-        return self._conn
+    async def tick(self) -> float:
+        """One pass (in a thread); the seconds until the next: 0 when a step filled its batch."""
+        done, wait = await self.in_thread(self.run_once)
+        self.last = done
+        return 0.0 if done is not None and _full(done) else wait
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+    async def close(self) -> None:
+        await self.round_over()
+        self.connection.close()
 
-    def tick(self) -> tuple[recovery.Recovered | None, float]:
+    def run_once(self) -> tuple[recovery.Recovered | None, float]:
         """One pass, and how long to sleep after it: one transaction either way.
 
         The pass is None when another worker's reaper holds the lock (it is acting).
         Reading the next due moment in the same transaction keeps the reaper at one
         commit per tick (heartbeat + reaper = 2 commits per interval per worker).
         """
-        conn = self._connection()
+        conn = self.connection.get()
         stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
         unfinished: list[uuid.UUID] = []
         with conn.transaction():
@@ -94,6 +102,8 @@ class Reaper:
         try:
             with conn.transaction():
                 done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
+        except OperationalError:
+            raise  # the connection is gone: the whole tick failed, and is tried again
         except DatabaseError as exc:
             log.error("could not check workers for stale heartbeats: %s", exc)
         return done
@@ -105,22 +115,6 @@ class Reaper:
         if due is None:
             return check
         return min(check, max(MIN_SLEEP_S, due + AFTER_DUE_S))
-
-
-async def reaper_loop(reaper: Reaper) -> None:
-    backoff = 0.5
-    while True:
-        try:
-            done, wait = await asyncio.to_thread(reaper.tick)
-            if done is not None and _full(done):
-                wait = 0.0
-            backoff = 0.5
-        except DatabaseError as exc:
-            reaper.close()
-            log.error("reaper tick failed: %s; next try in %.1fs", exc, backoff)
-            wait = backoff
-            backoff = min(backoff * 2, reaper.config.check_interval_ms / 1000)
-        await asyncio.sleep(wait)
 
 
 def _full(done: recovery.Recovered) -> bool:

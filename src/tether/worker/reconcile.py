@@ -15,7 +15,7 @@ from datetime import datetime
 
 from tether.broker import recovery, workers
 from tether.config import AppConfig
-from tether.db.connection import connect_worker
+from tether.db.connection import DedicatedConnection
 from tether.worker.identity import Identity, process_start_time
 
 log = logging.getLogger("tether.worker.reconcile")
@@ -35,7 +35,7 @@ def is_same_process(pid: int, started_at: datetime | None) -> bool:
 
 def reconcile_host(url: str, config: AppConfig, me: Identity) -> recovery.Recovered:
     done = recovery.Recovered()
-    with connect_worker(url, config, "worker") as conn:
+    with DedicatedConnection(url, config, "worker") as conn:
         others = workers.workers_on_host(conn, hostname=me.hostname, host_key=me.host_key, me=me.worker_id)
         for other in others:
             if is_same_process(other.pid, other.process_started_at):

@@ -25,9 +25,10 @@ from tether.broker import claims, heartbeats
 from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
 from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
-from tether.db.connection import connect_worker
+from tether.db.connection import DedicatedConnection
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError
+from tether.worker.backoff import Backoff
 from tether.workflow import engine
 
 log = logging.getLogger("tether.worker.recorder")
@@ -41,34 +42,34 @@ class Recorder:
     def __init__(
         self, url: str, worker_id: str, config: AppConfig, *, give_up_after_s: float = 300.0
     ) -> None:
-        self.url = url
         self.worker_id = worker_id
-        self.config = config
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.give_up_after_s = give_up_after_s
-        self._conn: Conn | None = None
+        self.connection = DedicatedConnection(url, config, "worker")
         # The main process calls in from worker threads; one statement at a time.
         self._lock = threading.RLock()
 
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect_worker(self.url, self.config, "worker")
-        return self._conn
-
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        with self._lock:
+            self.connection.close()
 
     def _with_retry(self, what: str, work: Callable[[Conn], T]) -> tuple[T, bool]:
-        """Run ``work``; on a lost connection reconnect and run it again. Returns (value, retried)."""
-        delay = 0.05
+        """Run ``work``; on a lost connection reconnect and run it again. Returns (value, retried).
+
+        Each connection lost during a statement is a WARNING. Failing to connect again is
+        one WARNING per statement, the further tries at DEBUG: a database away for minutes
+        would otherwise log a line per try for every task waiting to be recorded.
+        """
+        backoff = Backoff(0.05, 2.0)
         deadline = time.monotonic() + self.give_up_after_s
-        retried = False
+        retried = unreachable = False
         with self._lock:
             while True:
+                conn: Conn | None = None
                 try:
-                    return work(self._connection()), retried
+                    conn = self.connection.get()
+                    return work(conn), retried
                 except RolledBackError as exc:
                     # A deadlock with another writer of the same rows (a batch and the
                     # reaper lock them in different orders): nothing was written.
@@ -78,8 +79,7 @@ class Recorder:
                     retried = True
                     continue
                 except OperationalError as exc:
-                    if self._conn is not None:
-                        self._conn.close()
+                    self.connection.close()
                     if time.monotonic() > deadline:
                         log.error(
                             "giving up on %s after %.0fs without the database: %s",
@@ -88,11 +88,22 @@ class Recorder:
                             exc,
                         )
                         raise
-                    log.warning(
-                        "database connection lost during %s (%s); retrying in %.2fs", what, exc, delay
-                    )
+                    delay = backoff.next()
+                    if conn is not None:  # it broke under the statement
+                        log.warning(
+                            "database connection lost during %s (%s); retrying in %.2fs", what, exc, delay
+                        )
+                    else:  # no new one could be opened: the database is still away
+                        log.log(
+                            logging.DEBUG if unreachable else logging.WARNING,
+                            "cannot reach the database for %s (%s); retrying in %.2fs, "
+                            "then with backoff up to 2s (further tries at DEBUG)",
+                            what,
+                            exc,
+                            delay,
+                        )
+                        unreachable = True
                     time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
                     retried = True
 
     def fence(self, task: TaskPayload, expect: str) -> Fence:

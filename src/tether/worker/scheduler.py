@@ -1,4 +1,5 @@
-"""The scheduler: sends each periodic task's slots, in every worker, exactly once per slot.
+"""The scheduler, a background service (services.py): sends each periodic task's slots, in
+every worker, exactly once per slot.
 
 At start it stores the schedules the worker's code declares for its queues (periodic.
 sync_declared). Then each tick, in one transaction: lock the live schedules of its queues
@@ -10,13 +11,12 @@ the last word if anything else slips through.
 
 It wakes early when a schedule of its queues is declared, paused or resumed (NOTIFY
 'tether_schedules', through the work listener), and looks at least every check interval
-whatever it was told: nothing depends on a notification arriving.
+whatever it was told: nothing depends on a notification arriving. On a database error
+it tries again after 0.5 s, backing off up to the check interval.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -24,13 +24,15 @@ from uuid import UUID
 
 from tether.broker import schedules
 from tether.broker.schedules import DueSchedule
-from tether.broker.types import Conn, DatabaseError
+from tether.broker.types import Conn
 from tether.config import AppConfig
 from tether.cron import Cron
-from tether.db.connection import connect_worker
+from tether.db.connection import DedicatedConnection
 from tether.ids import new_task_ids
 from tether.periodic import Schedule, plan_slots, sync_declared
 from tether.result import TaskStatus
+from tether.worker.backoff import Backoff
+from tether.worker.services import Service
 
 log = logging.getLogger("tether.scheduler")
 
@@ -38,36 +40,34 @@ log = logging.getLogger("tether.scheduler")
 AFTER_DUE_S = 0.002
 
 
-class Scheduler:
+class Scheduler(Service):
+    name = "scheduler tick"
+    log = log
+
     def __init__(
         self, url: str, config: AppConfig, queues: Sequence[str], declared: Sequence[Schedule]
     ) -> None:
-        self.url = url
-        self.config = config
+        self.max_sleep_s = config.recovery.check_interval_ms / 1000
+        super().__init__(Backoff(0.5, max(0.5, self.max_sleep_s)))
+        self.connection = DedicatedConnection(url, config, "scheduler")
         self.queues = list(queues)
         self.declared = list(declared)
-        self.max_sleep_s = config.recovery.check_interval_ms / 1000
-        self.woken = asyncio.Event()
-        self._conn: Conn | None = None
         self._synced = False
         self._crons: dict[tuple[str, str], Cron] = {}
 
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect_worker(self.url, self.config, "scheduler")
-        return self._conn
+    # wake(), inherited: a schedule of these queues changed (the work listener calls it).
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+    async def tick(self) -> float:
+        """Send what is due (in a thread); the seconds until the next slot, at most the check interval."""
+        return await self.in_thread(self.run_once)
 
-    def wake(self) -> None:
-        """A schedule of these queues changed: look now (call it from the event loop's thread)."""
-        self.woken.set()
+    async def close(self) -> None:
+        await self.round_over()
+        self.connection.close()
 
-    def tick(self) -> float:
+    def run_once(self) -> float:
         """Send what is due; the seconds until the next slot (at most the check interval)."""
-        conn = self._connection()
+        conn = self.connection.get()
         if not self._synced:
             sync_declared(conn, self.declared, self.queues)
             self._synced = True
@@ -130,20 +130,3 @@ class Scheduler:
 
 def _local(cron: Cron, slot: datetime) -> str:
     return slot.astimezone(cron.tz).isoformat()
-
-
-async def scheduler_loop(scheduler: Scheduler) -> None:
-    backoff = 0.5
-    while True:
-        scheduler.woken.clear()
-        try:
-            wait = await asyncio.to_thread(scheduler.tick)
-            backoff = 0.5
-        except DatabaseError as exc:
-            scheduler.close()
-            log.error("scheduler tick failed: %s; next try in %.1fs", exc, backoff)
-            wait = backoff
-            backoff = min(backoff * 2, scheduler.max_sleep_s)
-        # Until the next slot (or the check interval) comes, or a schedule changes.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(scheduler.woken.wait(), wait)

@@ -14,7 +14,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -26,6 +25,7 @@ from tether.worker import protocol
 from tether.worker.async_child import async_child_main
 from tether.worker.child import child_main
 from tether.worker.lanes import Kind, Lanes
+from tether.worker.pipe_writer import PipeWriter
 
 log = logging.getLogger("tether.worker.supervisor")
 
@@ -49,14 +49,13 @@ class ChildSlot:
     killed_for: dict[str, TaskError] = field(default_factory=dict)
     crash_reason: str | None = None
     has_message: Callable[[], bool] = field(init=False)
-    # An async child is sent batches that can outgrow the pipe's buffer while its loop is
-    # busy: they are written from a thread of their own, never from the event loop.
-    outbox: ThreadPoolExecutor | None = field(init=False, default=None)
+    # What the main process sends the child: a message can outgrow the pipe's buffer while
+    # the child is busy (big arguments), so it is never written blocking (pipe_writer.py).
+    writer: PipeWriter = field(init=False)
 
     def __post_init__(self) -> None:
         self.has_message = protocol.message_waiting(self.conn)
-        if self.kind == "async":
-            self.outbox = ThreadPoolExecutor(1, thread_name_prefix=f"tether-to-child-{self.index}")
+        self.writer = PipeWriter(self.conn, f"{self.kind} child {self.index}")
 
     @property
     def pid(self) -> int | None:
@@ -159,28 +158,16 @@ class Supervisor:
             pass
         slot.process.join(timeout=1)
         code = slot.process.exitcode
-        if slot.outbox is not None:
-            slot.outbox.shutdown(wait=False, cancel_futures=True)
+        slot.writer.close()
         slot.conn.close()
         if self.slots.get(slot.index) is slot:
             del self.slots[slot.index]
         self.on_exit(slot, code)
 
     def send(self, slot: ChildSlot, op: str, **fields: Any) -> bool:
-        """Write a message to a child. An async child's is queued for its writer thread: True."""
-        if slot.outbox is not None:
-            slot.outbox.submit(self._send, slot, op, fields)
-            return True
-        return self._send(slot, op, fields)
-
-    def _send(self, slot: ChildSlot, op: str, fields: dict[str, Any]) -> bool:
-        try:
-            protocol.send(slot.conn, op, **fields)
-            return True
-        except (OSError, ValueError) as exc:
-            # A child that is gone: its exit is seen and its tasks are recorded.
-            log.warning("could not write to child %d (pid %s): %s", slot.index, slot.pid, exc)
-            return False
+        """Send a message to a child without waiting for it to read (pipe_writer.py). False: the
+        child is gone and the message will not arrive (its exit is seen and handled)."""
+        return slot.writer.write(protocol.framed(op, **fields))
 
     def post_cancel(self, index: int, task_id: str | None) -> None:
         """Write the task whose cancel was requested on sync slot ``index``'s cancel board (None: clear)."""

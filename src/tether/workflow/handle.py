@@ -9,6 +9,7 @@ from typing import Any
 
 from tether.app_view import AppView
 from tether.broker import workflows
+from tether.broker.answers import CHANGED
 from tether.broker.workflows import StepRow, WatchedWorkflow, WorkflowRow
 from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
@@ -104,21 +105,21 @@ class WorkflowHandle:
 
     def cancel(self) -> bool:
         """Cancel: steps not started are cancelled, running ones finish. True if it was open."""
-        return self.app.broker.run(lambda conn: engine.cancel(conn, self.id))
+        return self.app.broker.run_request(lambda conn: engine.cancel(conn, self.id), CHANGED)
 
     async def cancel_async(self) -> bool:
         return await in_thread(self.cancel)
 
     def pause(self) -> bool:
         """Start no new steps until resume(); running ones finish. True if it was running."""
-        return self.app.broker.run(lambda conn: engine.pause(conn, self.id))
+        return self.app.broker.run_request(lambda conn: engine.pause(conn, self.id), CHANGED)
 
     async def pause_async(self) -> bool:
         return await in_thread(self.pause)
 
     def resume(self) -> bool:
         """Resume a PAUSED workflow: the steps that became ready meanwhile start. True if it was paused."""
-        return self.app.broker.run(lambda conn: engine.resume(conn, self.id))
+        return self.app.broker.run_request(lambda conn: engine.resume(conn, self.id), CHANGED)
 
     async def resume_async(self) -> bool:
         return await in_thread(self.resume)

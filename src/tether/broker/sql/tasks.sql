@@ -73,11 +73,45 @@ FROM tether_tasks WHERE id = %(id)s;
 SELECT status, result FROM tether_tasks WHERE id = %(id)s;
 
 -- name: watch_task
--- A result waiter asks to be notified; the row lock orders this against the
--- finishing UPDATE, so either the finisher sees the flag or we see the result.
-UPDATE tether_tasks SET notify_on_done = true
-WHERE id = %(id)s
-RETURNING status, result;
+-- A result waiter asks to be notified (handle.get()): the flag tells the finishing
+-- statement to NOTIFY tether_done. Setting it takes the row lock, which orders this
+-- against the finishing UPDATE: either the finisher sees the flag or we see the result.
+--
+-- That lock must never delay a claim. A claim skips locked rows (FOR UPDATE SKIP LOCKED),
+-- so one that runs while this UPDATE holds the row (until its commit, a WAL flush) passes
+-- the task over, and if it took fewer tasks than it had room for nothing makes its worker
+-- look again before the next poll (seconds). Two rules close that:
+-- - A row already flagged is only read, never locked: whoever flagged it (committed, as
+--   every snapshot here sees) already made the finisher notify. So only a task's first
+--   get() writes, and later ones, polls and repeated waits cost a claim nothing.
+-- - A PENDING row flagged here is announced on tether_work exactly as a send announces
+--   it (tasks.sql insert_task): due later, always (a worker sets a timer; one delivered
+--   after run_at counts as due now); due now, when a worker waits for its queue
+--   (tether_work_is_awaited, migration 0005). The NOTIFY is delivered at commit, the
+--   moment the row lock goes, so a claim that skipped the row is followed by one that
+--   finds it free. A busy worker that is not registered needs no telling: it registers
+--   when a claim comes back short, which waits for this statement's shared advisory lock
+--   (taken by tether_work_is_awaited) and then claims again, as for a send.
+-- Why not drop the lock (a separate table of waiters, read by the finisher): without the
+-- row lock, a finisher's snapshot may miss a waiter that registered just before it
+-- committed while the waiter's read misses the result, and the waiter would sleep until
+-- its poll. One NOTIFY per task that a get() meets PENDING (while a worker waits) is the
+-- price, and the notification is what the send would have sent had it come a moment later.
+WITH seen AS (
+    SELECT id, status, result, notify_on_done FROM tether_tasks WHERE id = %(id)s
+), flagged AS (
+    UPDATE tether_tasks t SET notify_on_done = true
+    FROM seen
+    WHERE t.id = seen.id AND NOT seen.notify_on_done
+    RETURNING t.status, t.result, t.queue, t.run_at
+), announced AS (
+    SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text)
+    FROM flagged
+    WHERE status = 'PENDING' AND (run_at > now() OR tether_work_is_awaited(queue))
+)
+SELECT status, result, (SELECT count(*) FROM announced) AS announced FROM flagged
+UNION ALL
+SELECT status, result, 0 FROM seen WHERE notify_on_done;
 
 -- name: get_attempts
 SELECT attempt, worker_id, hostname, pid, started_at, finished_at, outcome, will_retry,

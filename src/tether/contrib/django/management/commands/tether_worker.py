@@ -12,10 +12,10 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
-from tether.cli.workers import worker_config
 from tether.contrib.django.worker import prepare
 from tether.worker.app_loader import load_app
 from tether.worker.main import run_worker
+from tether.worker_options import worker_config
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints

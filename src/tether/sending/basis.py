@@ -1,0 +1,119 @@
+"""What every kind of send shares: the task, its send options and where it sends; a call's
+own options; its arguments encoded; the columns of its rows.
+
+A send option reaches the database here and only here: ``row_spec`` turns the options
+(``SendOptions``, checked in tether.options) and the call's own (``good_until=``, the
+delay) into the ``SendSpec`` every insert statement takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+from uuid import UUID
+
+from tether.app_view import AppView
+from tether.broker.tasks import SendSpec
+from tether.broker.types import AsyncCallerConn, CallerConn
+from tether.broker.unique import UniqueKey
+from tether.errors import BadArgumentsError, SerializationError
+from tether.handle import TaskHandle
+from tether.options import SendOptions, check_good_until
+from tether.sending.route import Route
+from tether.workflow.definition import StepTask
+
+#: Keyword names a send takes for itself (send, schedule, send_many); a task may not use
+#: them as parameters. Each is read by ``SendBasis.call_good_until`` (and any new one there).
+CALL_OPTIONS = frozenset({"good_until"})
+
+#: The items of a send_many: each a tuple/list of positional arguments or a dict of keyword ones.
+Items = Iterable[Sequence[Any] | Mapping[str, Any]]
+
+
+class SendingTask(StepTask, Protocol):
+    """What a send uses of its task (a ``tether.task.Task``; a Protocol, as task.py imports
+    this package): what a workflow step uses (node() builds one), and what a send adds."""
+
+    @property
+    def app(self) -> AppView: ...
+
+    @property
+    def retry_policy_json(self) -> str | None: ...
+
+    def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]: ...
+
+
+class SendBasis:
+    """A task's sends with one set of options, to one place (the pool or the caller's connection)."""
+
+    __slots__ = ("options", "route", "task", "unique")
+
+    def __init__(
+        self,
+        task: SendingTask,
+        options: SendOptions,
+        connection: CallerConn | AsyncCallerConn | None = None,
+    ) -> None:
+        self.task = task
+        self.options = options
+        self.route = Route(task.app, connection)
+        self.unique = (
+            None if options.unique_key is None else UniqueKey(options.unique_key, options.unique_for)
+        )
+
+    def call_good_until(self, kwargs: dict[str, Any]) -> datetime | None:
+        """The call's ``good_until=`` (taken out of its keyword arguments), else the options'."""
+        given = kwargs.pop("good_until", None)
+        return self.options.good_until if given is None else check_good_until(given)
+
+    def row_spec(self, delay: timedelta, run_at: datetime | None, good_until: datetime | None) -> SendSpec:
+        """The columns every task of this send shares."""
+        task, options = self.task, self.options
+        in_callers = self.route.connection is not None
+        return SendSpec(
+            task.name,
+            options.queue,
+            options.priority,
+            task.retry_policy.max_retries if task.retry_policy else 0,
+            task.retry_policy_json,
+            good_until,
+            delay,
+            # Inside the caller's transaction its commit decides durability: tether leaves
+            # synchronous_commit alone (with_options refuses durable=False there).
+            True
+            if in_callers
+            else task.app.config.broker.durable_sends
+            if options.durable is None
+            else options.durable,
+            run_at,
+            notify_always=in_callers,
+        )
+
+    def encode_items(self, items: Items, common: dict[str, Any]) -> tuple[SendSpec, list[str], list[str]]:
+        """A send_many's columns, and the arguments of each item as JSON; ``common``: the keyword
+        arguments every item shares (an item's dict wins over them), ``good_until=`` among
+        them. Errors name the item."""
+        spec = self.row_spec(timedelta(0), None, self.call_good_until(common))
+        args_list: list[str] = []
+        kwargs_list: list[str] = []
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                args, kwargs = (), {**common, **item}
+            elif isinstance(item, Sequence) and not isinstance(item, str | bytes):
+                args, kwargs = tuple(item), common
+            else:
+                raise BadArgumentsError(
+                    f"send_many of task {self.task.name!r}: item {index} must be a tuple/list of "
+                    f"positional arguments or a dict of keyword arguments, got {type(item).__name__}"
+                )
+            try:
+                a, k = self.task.encode_arguments(args, kwargs)
+            except (BadArgumentsError, SerializationError) as exc:
+                raise type(exc)(f"send_many item {index}: {exc}") from None
+            args_list.append(a)
+            kwargs_list.append(k)
+        return spec, args_list, kwargs_list
+
+    def handle(self, task_id: UUID, *, deduplicated: bool = False) -> TaskHandle[Any]:
+        return TaskHandle(self.task.app, task_id, self.task.name, deduplicated=deduplicated)

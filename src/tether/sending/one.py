@@ -1,0 +1,55 @@
+"""One task: ``send``, ``schedule`` and their async forms, without a unique key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from tether.broker import tasks
+from tether.broker.tasks import SendSpec
+from tether.broker.types import AsyncConn, Conn
+from tether.handle import TaskHandle
+from tether.ids import new_task_id
+from tether.options import check_when
+from tether.sending.basis import SendBasis
+
+
+@dataclass(frozen=True, slots=True)
+class OneSend:
+    """One call checked and encoded: the row of task ``task_id``."""
+
+    basis: SendBasis
+    spec: SendSpec
+    task_id: UUID
+    args: str
+    kwargs: str
+
+    all_or_none = False
+    # An insert whose commit got through just before its connection broke meets its own
+    # row when run() repeats it on another: taken as done (the id is the client's).
+    repeatable = True
+
+    @classmethod
+    def prepare(
+        cls,
+        basis: SendBasis,
+        when: timedelta | float | datetime,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> OneSend:
+        """``when``: what schedule() takes (a delay, or an aware datetime to run at)."""
+        good_until = basis.call_good_until(kwargs)
+        args_json, kwargs_json = basis.task.encode_arguments(args, kwargs)
+        delay, run_at = check_when(when)
+        return cls(basis, basis.row_spec(delay, run_at, good_until), new_task_id(), args_json, kwargs_json)
+
+    def write(self, conn: Conn) -> None:
+        tasks.insert_task(conn, self.spec, self.task_id, self.args, self.kwargs)
+
+    async def write_async(self, conn: AsyncConn) -> None:
+        await tasks.insert_task_async(conn, self.spec, self.task_id, self.args, self.kwargs)
+
+    def handle(self) -> TaskHandle[Any]:
+        return self.basis.handle(self.task_id)
