@@ -1,9 +1,14 @@
-"""Test infrastructure: one fresh database per test run, real worker processes, cleanup by pid.
+"""Test infrastructure: one fresh database per test process, real worker processes, cleanup by pid.
 
 The server is the local/external one named by TETHER_TEST_DATABASE_URL when set,
-otherwise a private embedded PostgreSQL started for this run in a temporary
-folder and stopped (by its pid) at the end. Either way the run creates its own
-database and drops it afterwards, so runs never share state.
+otherwise a private embedded PostgreSQL started for this process in a temporary
+folder and stopped (by its pid) at the end. Either way the process creates its own
+database and drops it afterwards, so runs never share state. Under pytest-xdist each
+worker is such a process: its own embedded server (tests that restart, stop or count
+the sessions of a server never see another worker's), or its own database on the
+external server. What a server shares between its databases (roles, server-wide
+statistics, pg_locks and pg_stat_activity rows of every database) a test must filter
+to its own database, name uniquely, or leave to the serial phase (the `timing` marker).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -30,10 +36,148 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.harness import REPO as REPO
 from tests.harness import WorkerProcess as WorkerProcess
 
+# A run started as a background job of a shell without job control (`nohup ... &`, `cmd &` in a
+# script, some CI runners) inherits SIGINT ignored, and so would every process a test starts:
+# Python keeps an inherited SIG_IGN for SIGINT, so a worker or `tether dashboard` sent SIGINT by
+# a test would never see it. Tests send SIGINT as Ctrl-C would: processes they start get the
+# default disposition back (an ignored signal is inherited across exec, a handler is not).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# -- how a run is split (scripts/test; README, "Two commands") ----------------------------------
+#
+# scripts/test runs the suite in two phases with the same arguments: `--phase parallel` runs
+# every test not marked `timing` under pytest-xdist (each xdist worker is its own pytest
+# process: its own embedded server, or its own database on an external one, see server_url),
+# then `--phase serial` runs the `timing` tests alone, in one process, on a quiet machine.
+# `--subset smoke` (the 3.12 run of .ci/run) and `--subset server` (the external-server run)
+# keep a part of the suite; the rules are SMOKE_PATHS and SERVER_PATHS below.
+
+#: Folders whose every test is in the smoke set: what differs between Python versions (the
+#: unit tests, the seed documents' examples, the Django adapter). Tests elsewhere join it with
+#: @pytest.mark.smoke. A folder not there yet (tests/seeds before it lands) matches nothing.
+SMOKE_PATHS = ("unit", "seeds", "django")
+#: Folders of the tests that run against the external server too, less those marked
+#: server_agnostic: the tests whose outcome depends on PostgreSQL's version or configuration.
+SERVER_PATHS = ("integration", "chaos")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tether", "tether's test run (scripts/test)")
+    group.addoption(
+        "--phase",
+        choices=("all", "parallel", "serial"),
+        default="all",
+        help="parallel: the tests not marked timing; serial: only those; all (default): every test",
+    )
+    group.addoption(
+        "--subset",
+        choices=("all", "smoke", "server"),
+        default="all",
+        help="smoke: the smoke set (SMOKE_PATHS and @pytest.mark.smoke); server: the tests of "
+        "SERVER_PATHS not marked server_agnostic; all (default): every test",
+    )
+
+
+def _under(item: pytest.Item, folders: tuple[str, ...]) -> bool:
+    try:
+        relative = item.path.relative_to(TESTS)
+    except ValueError:
+        return False
+    return relative.parts[0] in folders
+
+
+def _kept(item: pytest.Item, phase: str, subset: str) -> bool:
+    timing = item.get_closest_marker("timing") is not None
+    if (phase == "parallel" and timing) or (phase == "serial" and not timing):
+        return False
+    if subset == "smoke":
+        return _under(item, SMOKE_PATHS) or item.get_closest_marker("smoke") is not None
+    if subset == "server":
+        return _under(item, SERVER_PATHS) and item.get_closest_marker("server_agnostic") is None
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase, subset = config.getoption("--phase"), config.getoption("--subset")
+    if phase == "parallel":
+        _longest_modules_first(config, items)
+    if phase == "all" and subset == "all":
+        return
+    kept, dropped = [], []
+    for item in items:
+        (kept if _kept(item, phase, subset) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# -- the parallel phase's order: the longest modules first ---------------------------------------
+#
+# xdist (--dist loadfile) hands out modules in the order they were collected, so a long module
+# collected last (test_workflow_scale) would run alone at the end while the other processes
+# idle. Each run records every test's seconds in pytest's cache (.pytest_cache); the parallel
+# phase then starts with the modules that took longest, and short ones fill in at the end. In a
+# fresh clone the first parallel phase keeps the collected order and fills the cache for the
+# next ones (.ci/run: 3.11's embedded run orders the external, 3.13 and 3.12 runs). The order
+# changes which process runs a module and when, never what runs.
+
+SECONDS_KEY = "tether/test_seconds"
+_SECONDS_INPUT = "tether_test_seconds"  # the controller's reading, as handed to the xdist workers
+_seconds_this_run: dict[str, float] = {}
+
+
+def _known_seconds(config: pytest.Config) -> dict[str, float]:
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:  # an xdist worker: what the controller read (one order for all)
+        known: dict[str, float] = worker_input.get(_SECONDS_INPUT, {})
+        return known
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    return dict(cache.get(SECONDS_KEY, {})) if cache is not None else {}
+
+
+def _longest_modules_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    known = _known_seconds(config)
+    if not known:
+        return
+    unknown = sum(known.values()) / len(known)  # a new test: as long as an average one
+    module_seconds: dict[Path, float] = {}
+    for item in items:
+        module_seconds[item.path] = module_seconds.get(item.path, 0.0) + known.get(item.nodeid, unknown)
+    items.sort(key=lambda item: -module_seconds[item.path])  # stable: a module's own order stays
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: every worker gets the same reading, so all collect one order."""
+    node.workerinput[_SECONDS_INPUT] = _known_seconds(node.config)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # In the controller too: xdist hands it every worker's reports.
+    _seconds_this_run[report.nodeid] = _seconds_this_run.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _seconds_this_run:
+        return
+    known = _known_seconds(session.config)
+    known.update({nodeid: round(seconds, 3) for nodeid, seconds in _seconds_this_run.items()})
+    cache.set(SECONDS_KEY, known)
+
+
 # tests/django runs tether.contrib.django against Django 6, which needs Python >= 3.12:
 # on 3.11 Django 6 cannot be installed (the test extra leaves it out there), so those
 # tests are not collected at all; on 3.12 and newer they all run, none skipped.
 collect_ignore = ["django"] if sys.version_info < (3, 12) else []
+
+
+def _process_name() -> str:
+    """This test process in names of folders and databases: its xdist worker id, or "main"."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 
 def _server_url() -> Iterator[str]:
@@ -43,7 +187,7 @@ def _server_url() -> Iterator[str]:
         return
     from tether.db.embedded import EmbeddedServer
 
-    base = Path(tempfile.mkdtemp(prefix="tether-test-pg-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=f"tether-test-pg-{_process_name()}-", dir="/tmp"))
     base.chmod(0o755)  # the embedded server may run as its own system user
     server = EmbeddedServer.start(base / "data")
     try:
@@ -70,7 +214,7 @@ def _with_dbname(server_url: str, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def database_url(server_url: str) -> Iterator[str]:
-    name = f"tether_test_{os.getpid()}_{secrets.token_hex(3)}"
+    name = f"tether_test_{_process_name()}_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = _with_dbname(server_url, name)

@@ -149,6 +149,8 @@ def assert_goes_on(aio: ModuleType, db: Conn, worker: WorkerProcess, dead: int) 
 # -- 1. kill -9 of the async child with 100 tasks in flight --------------------------------
 
 
+@pytest.mark.smoke
+@pytest.mark.timing
 def test_kill_9_of_an_async_child_records_its_hundred_tasks_at_once_and_retries_each_once(
     aio: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:
@@ -279,6 +281,7 @@ def test_a_dead_async_child_is_one_warning_not_one_per_task(
 # -- 2. a task blocks the event loop --------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_a_blocked_event_loop_gets_its_child_killed_and_all_its_tasks_recorded(
     aio: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:
@@ -339,6 +342,7 @@ def test_a_blocked_event_loop_gets_its_child_killed_and_all_its_tasks_recorded(
 # -- 3. the worker killed whole -----------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_a_worker_killed_whole_has_every_async_task_recovered_by_the_next_worker(
     aio: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:
@@ -413,11 +417,12 @@ EVERY = 1  # a blow, then at least this many more tasks finished before the next
 # tasks, and no child dies in this test); by the query, not by client port, since the
 # embedded server has no TCP. Never the tasks' own ledger connection.
 TERMINATE = """
-SELECT application_name, pg_terminate_backend(pid) AS terminated FROM pg_stat_activity
+SELECT pid, application_name, pg_terminate_backend(pid) AS terminated FROM pg_stat_activity
 WHERE datname = current_database()
   AND application_name <> 'tether-test-ledger' AND pid <> pg_backend_pid()
   AND state = 'active' AND query LIKE '%%g.delay_s IS NOT NULL AS again%%'
 """
+SESSION = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
 
 
 def finished(db: Conn, ids: list[Any]) -> int:
@@ -426,12 +431,23 @@ def finished(db: Conn, ids: list[Any]) -> int:
 
 def cut_mid_write(db: Conn) -> str | None:
     """Terminate the child's session as soon as it is in the middle of a batch write (within
-    half a second); returns its application name, or None if no write came."""
+    half a second); returns its application name, or None if no write came.
+
+    Returns once that session has ended: a backend told to terminate during its COMMIT ends
+    only after it (interrupts are held off meanwhile), and until then pg_stat_activity still
+    shows it active in the same write, where the next blow would hit it a second time.
+    """
     deadline = time.monotonic() + 0.5
     while time.monotonic() < deadline:
         hit = [r for r in db.execute(TERMINATE).fetchall() if r["terminated"]]
         if hit:
             (row,) = hit
+            pid = row["pid"]
+            wait_until(
+                lambda pid=pid: not db.execute(SESSION, (pid,)).fetchone(),
+                timeout=10,
+                message=f"the terminated session {pid} to end",
+            )
             return str(row["application_name"])
     return None
 

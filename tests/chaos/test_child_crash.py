@@ -13,6 +13,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from tests.chaos.conftest import (
     APP,
     FAST,
@@ -51,6 +53,8 @@ def assert_worker_goes_on(db: Any, chaos: ModuleType, worker: Any, dead_child: i
     check_history(db, handle.id)
 
 
+@pytest.mark.smoke
+@pytest.mark.timing
 def test_kill_9_of_a_child_fails_its_task_at_once(db: Any, chaos: ModuleType, workers: WorkerFactory) -> None:
     worker = workers.start(APP, "--processes", "1", env=FAST)
     tok = token()
@@ -76,6 +80,7 @@ def test_kill_9_of_a_child_fails_its_task_at_once(db: Any, chaos: ModuleType, wo
     assert_worker_goes_on(db, chaos, worker, pid)
 
 
+@pytest.mark.timing
 def test_kill_9_of_a_child_retries_a_task_whose_policy_says_so(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:
@@ -142,6 +147,7 @@ def test_a_task_that_exits_its_child_is_a_crash(db: Any, chaos: ModuleType, work
     assert_worker_goes_on(db, chaos, worker, dead)
 
 
+@pytest.mark.smoke
 def test_tasks_handed_ahead_to_a_killed_child_go_back_and_run_once(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:

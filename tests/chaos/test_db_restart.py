@@ -57,6 +57,7 @@ def finished(conn: Any) -> int:
     return int(row["n"])
 
 
+@pytest.mark.timing
 def test_a_database_restart_mid_run_loses_nothing(
     private_server: EmbeddedServer, chaos: ModuleType, tmp_path: Path
 ) -> None:

@@ -77,6 +77,7 @@ def terminate(db: Any, role: str) -> int:
     return sum(1 for r in rows if r["ok"])
 
 
+@pytest.mark.timing
 def test_a_worker_cut_off_from_the_database_fences_itself(
     db: Any, chaos: ModuleType, workers: WorkerFactory, worker_role: tuple[str, str]
 ) -> None:

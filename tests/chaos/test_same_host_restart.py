@@ -12,6 +12,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from tests.apps.support import task_row
 from tests.chaos.conftest import (
     APP,
@@ -31,6 +33,7 @@ from tether.config import RecoveryConfig
 RECOVERED_WITHIN = timedelta(seconds=5)
 
 
+@pytest.mark.timing
 def test_the_next_worker_on_the_host_recovers_a_killed_one_at_startup(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:
@@ -136,6 +139,7 @@ def test_a_live_sibling_on_the_same_host_is_never_touched(
     assert c.proc.poll() is None and d.proc.poll() is None
 
 
+@pytest.mark.timing
 def test_startup_reconciliation_also_recovers_a_dead_worker_already_marked_inactive(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:
@@ -198,6 +202,7 @@ def test_startup_reconciliation_also_recovers_a_dead_worker_already_marked_inact
 DUE_TASK_STARTS_WITHIN = timedelta(milliseconds=50)
 
 
+@pytest.mark.timing
 def test_a_retry_scheduled_by_startup_reconciliation_starts_when_due(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.apps.support import attempt_rows, task_row
 from tests.chaos.conftest import (
@@ -44,6 +45,7 @@ def late_write_seen(log: str, task_id: str) -> bool:
     return any(re.search(p, log) for p in patterns)
 
 
+@pytest.mark.timing
 def test_a_stopped_worker_is_recovered_and_its_late_writes_change_nothing(
     db: Any, chaos: ModuleType, workers: WorkerFactory, stopped_groups: list[int]
 ) -> None:
@@ -146,13 +148,17 @@ def test_a_stopped_worker_is_recovered_and_its_late_writes_change_nothing(
 
 REAPER_LOCK_KEY = 2122188290  # broker/sql/recovery.sql: reaper_lock
 
+# pg_locks shows the advisory locks of every database on the server: only this test's
+# database counts (the reapers of tests running beside it take the same key in theirs).
 LOCK_HOLDER = """
 SELECT a.pid, a.application_name, a.state, a.xact_start, now() - a.xact_start AS open_for
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = %s AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 
+@pytest.mark.timing
 def test_a_worker_hung_in_the_middle_of_a_reaper_tick_does_not_stop_recovery(
     db: Any, database_url: str, chaos: ModuleType, workers: WorkerFactory, stopped_groups: list[int]
 ) -> None:

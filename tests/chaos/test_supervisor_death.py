@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.apps.support import task_row
 from tests.chaos.conftest import (
@@ -43,6 +44,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.timing
 def test_children_die_with_their_supervisor(db: Any, chaos: ModuleType, workers: WorkerFactory) -> None:
     a = workers.start(APP, "--processes", "1", env=FAST)
     tok = token()

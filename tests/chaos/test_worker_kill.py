@@ -12,6 +12,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from tests.apps.support import task_row
 from tests.chaos.conftest import (
     APP,
@@ -43,6 +45,7 @@ def held_by(db: Any, task_id: Any, worker_id: str, want: str) -> bool:
     return row["status"] == want and row["claimed_by_worker_id"] == worker_id
 
 
+@pytest.mark.timing
 def test_a_killed_worker_s_tasks_are_recovered_by_the_survivor(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:
@@ -122,6 +125,7 @@ def test_a_killed_worker_s_tasks_are_recovered_by_the_survivor(
     assert b.proc.poll() is None
 
 
+@pytest.mark.timing
 def test_claimed_tasks_of_a_killed_worker_are_requeued_never_having_run(
     db: Any, chaos: ModuleType, workers: WorkerFactory
 ) -> None:

@@ -48,6 +48,7 @@ def rows_of(db: psycopg.Connection[Any], handles: list[Any]) -> list[dict[str, A
     return [task_row(db, h.id) for h in handles]
 
 
+@pytest.mark.timing
 def test_ten_half_second_naps_run_at_once_in_one_process(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_child_runs_no_more_than_its_concurrency(
     assert span.total_seconds() >= 0.9, span  # three rounds of three
 
 
+@pytest.mark.smoke
 def test_a_worker_runs_each_kind_in_its_own_children(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
@@ -117,6 +119,7 @@ def test_a_worker_without_sync_children_runs_a_sync_task_in_a_thread_of_its_asyn
     assert [p.pid for p in worker.task_children()] == [pid]
 
 
+@pytest.mark.smoke
 def test_each_task_sees_itself_as_current_task_among_many(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
@@ -142,6 +145,8 @@ def test_an_exception_fails_only_its_own_task_with_its_traceback(
     assert all(h.get(timeout=WAIT).is_ok for h in napping)
 
 
+@pytest.mark.smoke
+@pytest.mark.timing
 def test_a_time_limit_cancels_the_coroutine_and_the_child_goes_on(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
@@ -160,6 +165,7 @@ def test_a_time_limit_cancels_the_coroutine_and_the_child_goes_on(
     assert [p.pid for p in worker.task_children()] == [child.pid]  # nor was the process
 
 
+@pytest.mark.timing
 def test_a_task_that_ignores_its_cancellation_has_its_child_killed_after_the_grace(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
@@ -181,6 +187,7 @@ def test_a_task_that_ignores_its_cancellation_has_its_child_killed_after_the_gra
     assert child.pid not in [p.pid for p in worker.task_children()]
 
 
+@pytest.mark.smoke
 def test_a_graceful_stop_finishes_what_runs_and_gives_back_what_never_started(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:

@@ -50,6 +50,8 @@ def caller(database_url: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         yield conn
 
 
+@pytest.mark.smoke
+@pytest.mark.timing
 def test_a_committed_send_runs_once_and_the_connection_stays_the_callers(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, caller: psycopg.Connection[Any]
 ) -> None:
@@ -79,6 +81,7 @@ def test_a_committed_send_runs_once_and_the_connection_stays_the_callers(
     assert not caller.closed
 
 
+@pytest.mark.smoke
 def test_a_rolled_back_send_leaves_nothing_and_its_handle_says_not_found(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, caller: psycopg.Connection[Any]
 ) -> None:
@@ -107,6 +110,7 @@ def test_a_rolled_back_send_leaves_nothing_and_its_handle_says_not_found(
     assert worker.stop() == 0, worker.log()
 
 
+@pytest.mark.timing
 def test_a_transaction_open_for_seconds_holds_its_task_back_and_no_other_send(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, caller: psycopg.Connection[Any]
 ) -> None:
@@ -126,8 +130,10 @@ def test_a_transaction_open_for_seconds_holds_its_task_back_and_no_other_send(
         assert not task_exists(db, held.id)
         assert held.get(timeout=0.2).err.code == ErrorCode.TASK_NOT_FOUND
     assert ledger_count(db, "held") == 0
-    caller.commit()
+    # Read just before the commit: the notification wakes the worker at the commit, and it can
+    # start the task before a clock read after commit() returned (seen: 1 ms before).
     committed_at = db.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
+    caller.commit()
     assert held.get(timeout=10).ok == "held"
     row = db.execute("SELECT sent_at, started_at FROM tether_tasks WHERE id = %s", (held.id,)).fetchone()
     assert row["started_at"] >= committed_at
@@ -183,6 +189,7 @@ def test_many_concurrent_transactions_each_sending_run_exactly_what_committed(
     assert set(committed).isdisjoint(rolled_back) and len(rolled_back) > 0
 
 
+@pytest.mark.smoke
 async def test_an_async_connection_commits_and_rolls_back_with_its_transaction(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, database_url: str
 ) -> None:
@@ -249,6 +256,7 @@ def test_a_workflow_starts_inside_the_transaction(
     assert dropped.id != kept.id
 
 
+@pytest.mark.smoke
 async def test_a_workflow_starts_inside_an_async_transaction(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, database_url: str
 ) -> None:
@@ -353,6 +361,7 @@ def test_a_search_path_that_hides_tethers_tables_is_refused(
     caller.rollback()
 
 
+@pytest.mark.smoke
 def test_sqlalchemy_session_commits_and_rolls_back_the_task_with_its_rows(
     basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory, database_url: str
 ) -> None:
@@ -383,6 +392,7 @@ def test_sqlalchemy_session_commits_and_rolls_back_the_task_with_its_rows(
         engine.dispose()
 
 
+@pytest.mark.smoke
 async def test_sqlalchemy_async_session_sends_in_its_transaction(
     basic: Any, db: psycopg.Connection[Any], database_url: str
 ) -> None:

@@ -70,6 +70,7 @@ def assert_cancelled_while_running(db: psycopg.Connection[Any], task_id: Any, by
     return row
 
 
+@pytest.mark.timing
 def test_a_sync_task_that_checks_stops_within_a_second(
     app: ModuleType, db: psycopg.Connection[Any], worker: WorkerProcess
 ) -> None:
@@ -90,6 +91,7 @@ def test_a_sync_task_that_checks_stops_within_a_second(
     assert runs(db, token) == 1
 
 
+@pytest.mark.timing
 def test_a_sync_task_that_ignores_the_request_is_killed_after_its_grace_period(
     app: ModuleType, db: psycopg.Connection[Any], worker: WorkerProcess
 ) -> None:
@@ -112,6 +114,7 @@ def test_a_sync_task_that_ignores_the_request_is_killed_after_its_grace_period(
     assert "did not stop within 1s of its cancel request: killing sync child 0" in worker.log()
 
 
+@pytest.mark.timing
 def test_an_async_task_has_its_coroutine_cancelled_and_its_neighbours_go_on(
     app: ModuleType, db: psycopg.Connection[Any], worker: WorkerProcess
 ) -> None:
@@ -238,6 +241,7 @@ def test_a_cancel_pending_when_the_worker_dies_ends_cancelled_on_recovery(
     assert runs(db, token) == 1
 
 
+@pytest.mark.timing
 def test_the_heartbeat_tells_the_worker_of_a_request_it_was_not_notified_of(
     app: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:

@@ -19,6 +19,10 @@ from tests.conftest import WorkerFactory
 from tether.broker import PostgresBroker
 from tether.db.migrate import latest_version
 
+# Left out of the external-server run (--subset server, tests/conftest.py):
+# the CLI's rendering and arguments; the SQL it runs is tested by the other modules.
+pytestmark = pytest.mark.server_agnostic
+
 APP = "tests.apps.basic:app"
 WAIT = 30.0
 

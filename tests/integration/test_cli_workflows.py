@@ -214,6 +214,7 @@ def test_workflows_lists_each_status_newest_first_with_filters(
     assert "etl [/nightly]" in table
 
 
+@pytest.mark.server_agnostic
 def test_workflows_refuses_an_unknown_status(database_url: str, db: Conn) -> None:
     result = CliRunner().invoke(
         tether.cli.cli, ["workflows", "--status", "DONE", "--database-url", database_url]
@@ -226,6 +227,7 @@ def test_workflows_refuses_an_unknown_status(database_url: str, db: Conn) -> Non
 # -- tether workflow ID -------------------------------------------------------------------------
 
 
+@pytest.mark.server_agnostic
 def test_workflow_shows_a_diamond_as_a_tree(database_url: str, flows: ModuleType, db: Conn) -> None:
     handle = diamond(flows)
     finish(db, flows, handle, "top", ok=3)
@@ -247,6 +249,7 @@ def test_workflow_shows_a_diamond_as_a_tree(database_url: str, flows: ModuleType
     assert fields["created_at"].startswith("20") and fields["finished_at"] == ""
 
 
+@pytest.mark.server_agnostic
 def test_workflow_shows_failures_skips_markers_and_results(
     database_url: str, flows: ModuleType, db: Conn
 ) -> None:
@@ -308,6 +311,7 @@ def test_workflow_shows_failures_skips_markers_and_results(
     assert steps["after"]["enqueued_at"] is None and steps["after"]["finished_at"] is not None
 
 
+@pytest.mark.server_agnostic
 def test_the_tree_has_one_line_per_root_and_per_edge(database_url: str, flows: ModuleType, db: Conn) -> None:
     number = flows.number.with_options(queue="other")
     nodes: list[Any] = []
@@ -324,6 +328,7 @@ def test_the_tree_has_one_line_per_root_and_per_edge(database_url: str, flows: M
     assert lines[1] == "└── n0  wf.number  ENQUEUED  task PENDING"
 
 
+@pytest.mark.server_agnostic
 def test_a_long_chain_continues_at_the_top_level(
     database_url: str, flows: ModuleType, db: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,6 +348,7 @@ def test_a_long_chain_continues_at_the_top_level(
     assert max(map(len, lines)) <= 80
 
 
+@pytest.mark.server_agnostic
 def test_workflow_with_a_bad_or_unknown_id(database_url: str, db: Conn) -> None:
     bad = tether_command(database_url, "workflow", "not-a-uuid")
     assert bad.returncode == 1

@@ -111,6 +111,7 @@ def test_the_status_json_lists_the_schedules(basic: ModuleType) -> None:
         basic.app.schedules.clear()
 
 
+@pytest.mark.server_agnostic
 def test_pages_open_at_once_share_one_read_of_the_database(
     basic: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +130,7 @@ def test_pages_open_at_once_share_one_read_of_the_database(
         server.server_close()
 
 
+@pytest.mark.server_agnostic
 def test_a_database_that_went_away_is_a_503_that_names_it() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -148,6 +150,7 @@ def test_a_database_that_went_away_is_a_503_that_names_it() -> None:
         broker.close()
 
 
+@pytest.mark.server_agnostic
 @pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM])
 def test_the_command_serves_until_interrupted(
     database_url: str, db: psycopg.Connection[Any], stop_with: signal.Signals
@@ -176,6 +179,7 @@ def test_the_command_serves_until_interrupted(
             process.wait()
 
 
+@pytest.mark.server_agnostic
 def test_a_port_in_use_is_refused_with_a_message(database_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -196,6 +200,7 @@ def test_a_port_in_use_is_refused_with_a_message(database_url: str) -> None:
 # -- the page's files --------------------------------------------------------------------------
 
 
+@pytest.mark.server_agnostic
 def test_the_scripts_set_text_never_html(basic: ModuleType) -> None:
     server = serve(basic.app.broker)
     try:
@@ -329,6 +334,7 @@ def post(
         return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
+@pytest.mark.server_agnostic
 def test_an_action_without_the_right_token_changes_nothing(
     basic: ModuleType, db: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -469,6 +475,7 @@ def test_actions_check_names_as_the_api_does(basic: ModuleType, db: psycopg.Conn
         server.server_close()
 
 
+@pytest.mark.server_agnostic
 def test_private_reads_need_the_token_too(basic: ModuleType) -> None:
     token = "r3ad-" + uuid.uuid4().hex
     handle = basic.add.with_options(queue="low").send(1, 2)
@@ -495,6 +502,7 @@ def test_private_reads_need_the_token_too(basic: ModuleType) -> None:
         server.server_close()
 
 
+@pytest.mark.server_agnostic
 def test_the_token_comes_from_one_place_and_a_public_address_needs_one(tmp_path: Path) -> None:
     file = tmp_path / "token"
     file.write_text("from-a-file\n")
@@ -512,6 +520,7 @@ def test_the_token_comes_from_one_place_and_a_public_address_needs_one(tmp_path:
     assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("192.0.2.7")
 
 
+@pytest.mark.server_agnostic
 def test_the_command_refuses_a_public_address_without_a_token(database_url: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TETHER_DASHBOARD_TOKEN"}
     command = [sys.executable, "-m", "tether", "dashboard", "--host", "0.0.0.0", "--port", "0"]
@@ -620,6 +629,7 @@ class Dashboard:
         return self.process.stderr.read()
 
 
+@pytest.mark.server_agnostic
 def test_a_loopback_dashboard_answers_only_requests_that_name_it(
     basic: ModuleType, database_url: str, db: psycopg.Connection[Any]
 ) -> None:
@@ -693,6 +703,7 @@ def test_a_loopback_dashboard_answers_only_requests_that_name_it(
     )
 
 
+@pytest.mark.server_agnostic
 def test_allowed_hosts_add_names_and_beyond_loopback_any_host_needs_the_token(
     basic: ModuleType, database_url: str
 ) -> None:

@@ -13,10 +13,16 @@ import sys
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.conftest import REPO
 
+# Left out of the external-server run (--subset server, tests/conftest.py):
+# `tether demo` as a new user runs it; nothing of it is specific to a server.
+pytestmark = pytest.mark.server_agnostic
 
+
+@pytest.mark.smoke
 def test_demo_runs_the_main_job_and_shows_the_recovery(
     database_url: str, db: psycopg.Connection[Any]
 ) -> None:

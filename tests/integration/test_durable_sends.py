@@ -67,6 +67,7 @@ def syncs_during(app: Tether, db: psycopg.Connection[Any], send: Any) -> int:
     return wal_syncs(app, db) - before
 
 
+@pytest.mark.timing
 def test_a_durable_send_syncs_the_wal_and_a_durable_false_one_does_not(
     app: Tether, db: psycopg.Connection[Any]
 ) -> None:
@@ -85,6 +86,7 @@ def test_a_durable_send_syncs_the_wal_and_a_durable_false_one_does_not(
     assert stored is not None and stored["n"] == 1 + 8 * SENDS  # every send was stored
 
 
+@pytest.mark.timing
 def test_the_app_setting_is_the_default_and_with_options_overrides_it(
     database_url: str, db: psycopg.Connection[Any]
 ) -> None:

@@ -35,6 +35,10 @@ from tether.db.embedded import (
 )
 from tether.errors import EmbeddedServerError
 
+# Left out of the external-server run (--subset server, tests/conftest.py):
+# the embedded server's own tests: they start servers of their own.
+pytestmark = pytest.mark.server_agnostic
+
 REPO = Path(__file__).resolve().parents[2]
 
 CHILD = """

@@ -33,6 +33,7 @@ def worker(workers: WorkerFactory) -> Iterator[WorkerProcess]:
     yield workers.start(APP, "--queues", "default", "--processes", "2")
 
 
+@pytest.mark.timing
 def test_get_times_out_quickly_when_nobody_runs_the_task(basic: ModuleType) -> None:
     handle = basic.add.with_options(queue="low").send(1, 2)
     started = time.monotonic()
@@ -50,6 +51,7 @@ def test_get_times_out_quickly_when_nobody_runs_the_task(basic: ModuleType) -> N
             handle.get(timeout=bad)
 
 
+@pytest.mark.smoke
 async def test_async_send_get_status_cancel(basic: ModuleType, worker: WorkerProcess) -> None:
     handle = await basic.add.send_async(20, 22)
     result = await handle.get_async(timeout=WAIT)
@@ -69,6 +71,7 @@ async def test_async_send_get_status_cancel(basic: ModuleType, worker: WorkerPro
     assert (await later.get_async(timeout=WAIT)).ok == 4
 
 
+@pytest.mark.smoke
 def test_async_api_in_successive_event_loops(database_url: str, db: psycopg.Connection[Any]) -> None:
     # A script may call asyncio.run() many times; each loop must end promptly, and the
     # async API must work in the next one (nothing of a closed loop may be reused).
@@ -212,6 +215,7 @@ def test_send_many_is_one_transaction_across_statements(
     assert count_tasks(db) == 1
 
 
+@pytest.mark.timing
 def test_waiters_are_woken_by_the_notification(
     database_url: str, basic: ModuleType, worker: WorkerProcess
 ) -> None:
@@ -235,6 +239,7 @@ def test_waiters_are_woken_by_the_notification(
         app.close()
 
 
+@pytest.mark.timing
 def test_a_result_that_lands_while_the_listener_connects_is_not_missed(
     database_url: str, basic: ModuleType, worker: WorkerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -83,6 +83,7 @@ def settled(db: psycopg.Connection[Any], since: Any) -> bool:
     )
 
 
+@pytest.mark.timing
 def test_idle_round_trips_of_a_worker_counted_over_10_s(
     db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory
 ) -> None:

@@ -30,6 +30,9 @@ from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, TaskStatus
 from tether.cancelling import CancelReply
 
+# In the smoke set (.ci/run's Python 3.12 run): a task's whole life, end to end.
+pytestmark = pytest.mark.smoke
+
 APP = "tests.apps.basic:app"
 FAST_REAPER = {"TETHER_CHECK_INTERVAL_MS": "1000"}
 WAIT = 30.0

@@ -59,6 +59,7 @@ def assert_one_task_per_slot(tasks: list[dict[str, Any]], step_s: int) -> None:
     assert all(g == step_s for g in gaps), f"slots missing or doubled: {slots}"
 
 
+@pytest.mark.timing
 def test_three_workers_send_exactly_one_task_per_slot(db: Conn, workers: WorkerFactory) -> None:
     env = schedules_env({"cron": "* * * * * *", "task": "beat", "name": "every-second", "args": ["s"]})
     for _ in range(3):
@@ -146,6 +147,7 @@ def test_missed_slots_after_all_workers_were_down(db: Conn, workers: WorkerFacto
     assert (row["slots_skipped"] == 0) == (catch_up == "all")
 
 
+@pytest.mark.smoke
 def test_a_deploy_changes_one_schedule_and_removes_another(
     db: Conn, workers: WorkerFactory, periodic: ModuleType
 ) -> None:
@@ -183,6 +185,7 @@ def test_a_deploy_changes_one_schedule_and_removes_another(
     assert old.alive()
 
 
+@pytest.mark.timing
 def test_pause_and_resume_without_a_deploy(
     db: Conn, workers: WorkerFactory, periodic: ModuleType, database_url: str
 ) -> None:
@@ -242,6 +245,7 @@ def test_the_task_row_info_and_cli_say_which_slot(
     assert "shown" in run(database_url, "schedules").stdout
 
 
+@pytest.mark.smoke
 def test_declaration_errors_name_the_problem(periodic: ModuleType) -> None:
     app, beat = periodic.app, periodic.beat
     cases = [

@@ -20,6 +20,10 @@ import pytest
 
 from tests.conftest import REPO
 
+# On every supported Python (the smoke set), as how an interpreter exits differs between
+# versions; not on the external server (--subset server): nothing of it is the server's.
+pytestmark = [pytest.mark.smoke, pytest.mark.server_agnostic]
+
 EXIT_WITHIN_S = 2.0  # the whole script, interpreter start and imports included
 # From the script's last statement to the process being gone (on 3.13 without the fix: ~20 s).
 SHUTDOWN_WITHIN_S = 1.0
@@ -56,6 +60,7 @@ print(time.monotonic(), flush=True)  # CLOCK_MONOTONIC: the same clock in the te
 """
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["no-close", "close", "with", "wait"])
 def test_producer_sends_and_exits_at_once(
     database_url: str, db: psycopg.Connection[Any], tmp_path: Any, mode: str

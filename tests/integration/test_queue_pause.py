@@ -94,6 +94,7 @@ def stop_cleanly(worker: WorkerProcess) -> None:
 # -- pause and resume with a worker ---------------------------------------------------
 
 
+@pytest.mark.timing
 def test_pause_holds_new_sends_lets_the_running_task_finish_and_resume_claims_within_1s(
     basic: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:
@@ -154,6 +155,7 @@ def test_a_paused_queue_leaves_the_other_queues_of_the_same_worker_alone(
     stop_cleanly(worker)
 
 
+@pytest.mark.timing
 def test_claims_stop_within_1s_of_a_pause_under_a_steady_stream_of_sends(
     basic: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:
@@ -220,6 +222,7 @@ def test_claims_stop_within_1s_of_a_pause_under_a_steady_stream_of_sends(
     stop_cleanly(worker)
 
 
+@pytest.mark.timing
 def test_a_pause_gives_back_claimed_tasks_no_child_was_handed(
     basic: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:

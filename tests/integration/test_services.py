@@ -140,6 +140,7 @@ def test_a_dedicated_connection_opens_on_first_use_and_again_after_it_was_lost(
 # -- the reaper ------------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 async def test_a_reaper_tick_requeues_a_stale_claim_and_sleeps_until_the_next_is_due(
     basic: ModuleType, database_url: str, db: Conn
 ) -> None:

@@ -30,6 +30,7 @@ def worker(workers: WorkerFactory) -> Iterator[WorkerProcess]:
     yield workers.start(APP, "--queues", "default", "--processes", "1")
 
 
+@pytest.mark.timing
 def test_a_task_past_its_time_limit_fails_and_the_worker_carries_on(
     basic: ModuleType, db: psycopg.Connection[Any], worker: WorkerProcess
 ) -> None:
@@ -56,6 +57,7 @@ def test_a_task_past_its_time_limit_fails_and_the_worker_carries_on(
     assert "exceeded its time limit of 0.5s: killing sync child 0" in worker.log()
 
 
+@pytest.mark.smoke
 def test_a_limit_never_reaches_the_next_task_of_the_same_child(
     basic: ModuleType, db: psycopg.Connection[Any], worker: WorkerProcess
 ) -> None:

@@ -307,6 +307,7 @@ def test_expiry_frees_the_key_and_options_are_the_first_send_s(
 # -- the window --------------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_the_window_counts_ended_tasks_sent_within_it(
     db: Conn, basic: ModuleType, workers: WorkerFactory
 ) -> None:

@@ -354,6 +354,7 @@ def idle_worker(basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory)
     assert worker.stop() == 0, worker.log()
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("alongside", [0, 1], ids=["claim-took-nothing", "claim-took-one-of-two"])
 def test_a_claim_that_skipped_a_row_a_waiting_get_held_is_woken_when_the_lock_goes(

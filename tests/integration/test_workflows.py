@@ -21,6 +21,9 @@ from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import ErrorCode, StepStatus, TaskStatus, WorkflowStatus
 from tether.cancelling import CancelReply
 
+# In the smoke set (.ci/run's Python 3.12 run): workflows, end to end.
+pytestmark = pytest.mark.smoke
+
 APP = "tests.apps.flows:app"
 WAIT = 60.0
 

@@ -59,6 +59,7 @@ async def test_a_new_loop_claims_at_once() -> None:
 # -- notifications -----------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("due_in", [None, -1.0, 0.0, DUE_NOW_S])
 async def test_a_notification_due_now_wakes_the_loop_to_claim(due_in: float | None) -> None:
     triggers = idle()
@@ -99,6 +100,7 @@ async def test_just_over_due_now_is_due_later() -> None:
     triggers.close()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("dues", [(1.0, 0.1), (0.1, 1.0)], ids=["earlier-replaces", "later-ignored"])
 async def test_only_the_earliest_timer_is_kept(dues: tuple[float, float]) -> None:
     triggers = idle()
@@ -195,6 +197,7 @@ async def test_a_sleep_woken_early_cancels_its_poll_timer() -> None:
     triggers.close()
 
 
+@pytest.mark.timing
 async def test_poke_wakes_without_claiming() -> None:
     triggers = idle()
     triggers.poke()
@@ -203,6 +206,7 @@ async def test_poke_wakes_without_claiming() -> None:
     triggers.close()
 
 
+@pytest.mark.timing
 async def test_work_may_wait_wakes_and_claims() -> None:
     triggers = idle()
     triggers.work_may_wait()
