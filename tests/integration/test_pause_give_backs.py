@@ -40,7 +40,10 @@ def finished_give_backs() -> list[asyncio.Task[Any]]:
     return [
         task
         for task in gc.get_objects()
-        if isinstance(task, asyncio.Task)
+        # type(), not isinstance(): isinstance also asks an object's __class__, and a lazy
+        # object (Django's staticfiles storage, loaded by another test of this process) then
+        # runs its setup, which fails without settings.
+        if issubclass(type(task), asyncio.Task)
         and task.done()
         and getattr(task.get_coro(), "__qualname__", "") == "Worker._release"
     ]

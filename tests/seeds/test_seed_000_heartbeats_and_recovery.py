@@ -211,6 +211,7 @@ def test_the_reaper_requeues_stale_claimed_and_fails_stale_running(
     t_running, t_claimed = token(), token()
     running = hold.send(t_running, 60)
     wait_status(db, running.id, "RUNNING")
+    wait_until(lambda: runs(db, t_running) == 1, message="the held task's code to start")
     claimed = hold.send(t_claimed, 0)
     wait_status(db, claimed.id, "CLAIMED")
     survivor = workers.start(APP, "--processes", "1", env=FAST)  # ...then a survivor to reap them

@@ -119,6 +119,9 @@ def test_startup_reconciliation_recovers_a_killed_worker_on_this_host_at_once(
     t_running = token()
     running = hold.send(t_running, 60)
     wait_status(db, running.id, "RUNNING")
+    # RUNNING is written before the child starts the code: wait for the code's own row, or a
+    # kill in between leaves a crashed task whose code never ran.
+    wait_until(lambda: runs(db, t_running) == 1, message="the held task's code to start")
     claimed = hold.send(token(), 0)
     wait_status(db, claimed.id, "CLAIMED")
     old.kill()

@@ -42,3 +42,7 @@ class TaskSet:
         """Until every task started here has ended, those started meanwhile included."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            # A task's done callback (``_done``, which lets it go) is scheduled, not run, when
+            # it ends; gather over tasks already done may return without yielding (Python
+            # 3.13), so yield once here, or this loop would spin and never see them let go.
+            await asyncio.sleep(0)
