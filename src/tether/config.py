@@ -25,7 +25,8 @@ from tether.result import ErrorCode
 
 __all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig", "mask_url"]
 
-ERROR_CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+# The whole string must match: use fullmatch ("^...$" with match lets a final newline in).
+ERROR_CODE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 def _reject_bool(value: Any) -> Any:
@@ -234,7 +235,7 @@ def _normalise_codes(value: Any) -> Any:
         return value  # let pydantic report the type error
     codes: list[Any] = []
     for code in value:
-        if not isinstance(code, str) or not ERROR_CODE_RE.match(code):
+        if not isinstance(code, str) or not ERROR_CODE_RE.fullmatch(code):
             raise ValueError(
                 f"auto_retry_for: {code!r} is not an error code; use an ErrorCode "
                 "or a string of 1-100 characters from A-Z a-z 0-9 _ . : -"
