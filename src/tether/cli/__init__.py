@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import cast
 
 import click
 
 from tether.app import Tether
 from tether.cli import (
     cancel,
+    common,
     dashboard,
     demo,
     migrate,
@@ -27,8 +29,9 @@ from tether.cli import (
     workers,
     workflows,
 )
-from tether.config import AppConfig
+from tether.config import AppConfig, LogFormat, LoggingConfig
 from tether.errors import TetherError
+from tether.log_setup import setup_logging
 
 
 @click.group()
@@ -38,9 +41,11 @@ from tether.errors import TetherError
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def cli(log_level: str) -> None:
+@common.log_format_option
+def cli(log_level: str, log_format: str | None) -> None:
     """tether: durable background tasks on PostgreSQL."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # TETHER_LOG_FORMAT is read (and checked) here; a worker's app config may still set it.
+    setup_logging(log_level.upper(), cast(LogFormat, log_format) if log_format else LoggingConfig().format)
 
 
 for command in (
