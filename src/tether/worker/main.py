@@ -301,6 +301,7 @@ class StartedWorker:
             on_listening=self._on_listening,
             on_schedules=self.scheduler.wake,
             on_control=self._on_control,
+            worker_id=me,  # its connection's name says whose it is (`tether health` looks)
         )
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
