@@ -23,7 +23,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
 
-__all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig", "mask_url"]
+__all__ = [
+    "AppConfig",
+    "LoggingConfig",
+    "PostgresConfig",
+    "RecoveryConfig",
+    "RetryPolicy",
+    "WorkerConfig",
+    "mask_url",
+]
 
 # The whole string must match: use fullmatch ("^...$" with match lets a final newline in).
 ERROR_CODE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
@@ -227,6 +235,28 @@ class WorkerConfig(BaseSettings):
 
 PREFETCH_PER_PROCESS = 4
 
+#: How log lines are written: ``human`` (the default) or ``json``, one object a line.
+LogFormat = Literal["human", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("human", "json")
+
+
+class LoggingConfig(BaseSettings):
+    """How a worker's processes and the dashboard write log lines (docs/configuration.md#log-format)."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_LOG_", frozen=True, extra="forbid")
+
+    format: LogFormat = "human"  # TETHER_LOG_FORMAT; `--log-format` overrides it
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _known_format(cls, value: Any) -> Any:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in LOG_FORMATS:
+            raise ValueError(
+                f"log format (TETHER_LOG_FORMAT) must be one of {', '.join(LOG_FORMATS)}, got {value!r}"
+            )
+        return text
+
 
 def _normalise_codes(value: Any) -> Any:
     if isinstance(value, str):
@@ -384,6 +414,9 @@ class AppConfig(BaseSettings):
         default_factory=RecoveryConfig
     )
     worker: Annotated[WorkerConfig, _settings_from_dict(WorkerConfig)] = Field(default_factory=WorkerConfig)
+    logging: Annotated[LoggingConfig, _settings_from_dict(LoggingConfig)] = Field(
+        default_factory=LoggingConfig
+    )
     queues: QueueList = Field(default_factory=lambda: ["default"])
     default_queue: str = "default"
     # How often TaskHandle.get re-reads the row when no notification arrives.

@@ -32,6 +32,8 @@ from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.config import WorkerConfig
 from tether.errors import UnknownQueueError
+from tether.log_fields import about_task, set_worker
+from tether.log_setup import LogSetup
 from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.cancels import Cancels
 from tether.worker.claim_triggers import ClaimTriggers
@@ -77,6 +79,7 @@ class Worker:
                 f"declared queues: {', '.join(app.config.queues)}"
             )
         self.identity: Identity = current_identity()
+        set_worker(self.identity.worker_id)  # every line of this process names its worker
         self.lanes = plan_lanes(self.config, app)
         self.capacity = self.lanes.capacity
         self.holdings = Holdings()
@@ -252,6 +255,7 @@ class StartedWorker:
             log_level=logging.getLogger().getEffectiveLevel(),
             on_message=lambda slot, msg: self.dispatcher.on_message(slot, msg),
             on_exit=lambda slot, code: self.dispatcher.on_exit(slot, code),
+            log_format=LogSetup.current().format,
         )
         self.dispatcher = Dispatcher(
             lanes=worker.lanes,
@@ -297,6 +301,7 @@ class StartedWorker:
             on_listening=self._on_listening,
             on_schedules=self.scheduler.wake,
             on_control=self._on_control,
+            worker_id=me,  # its connection's name says whose it is (`tether health` looks)
         )
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
@@ -434,6 +439,7 @@ class StartedWorker:
                 "task %s: %r is not registered here but another worker knows it; releasing",
                 task.id,
                 task.name,
+                extra=about_task(task),
             )
             await self._release([task])
             return
@@ -443,7 +449,7 @@ class StartedWorker:
             f"(worker {me} claimed it)",
         )
         outcome = outcomes.failure(error, task.retry_policy, task.retry_count)
-        log.error("task %s: %s; failing it", task.id, error.message)
+        log.error("task %s: %s; failing it", task.id, error.message, extra=about_task(task))
         await asyncio.to_thread(self.recorder.record_for, task, outcome, expect=TaskStatus.CLAIMED)
 
     async def _release(self, tasks: list[TaskPayload]) -> None:
@@ -500,12 +506,15 @@ class StartedWorker:
         for task_id in answer.cancel_requested:  # a tether_control notification may have been missed
             self.cancels.request(task_id)
         if lost:
-            for task_id in self.worker.holdings.lose(lost):
+            holdings = self.worker.holdings
+            for task_id in holdings.lose(lost):
+                held = holdings.get(task_id)
                 log.warning(
                     "task %s is no longer held by worker %s (recovered or cancelled elsewhere); "
                     "its outcome here will not be recorded",
                     task_id,
                     self.worker.worker_id,
+                    extra={"task_id": task_id} if held is None else about_task(held),
                 )
 
 

@@ -115,7 +115,12 @@ class Scheduler(Service):
             )
         for task_id, slot in sent:
             log.debug(
-                "schedule %s: slot %s sent as task %s (%s)", d.name, _local(cron, slot), task_id, d.task_name
+                "schedule %s: slot %s sent as task %s (%s)",
+                d.name,
+                _local(cron, slot),
+                task_id,
+                d.task_name,
+                extra={"task_id": str(task_id), "task_name": d.task_name, "queue": d.queue},
             )
         schedules.advance_schedule(
             conn,

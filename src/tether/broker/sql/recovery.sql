@@ -54,13 +54,13 @@ WITH stale AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM back GROUP BY queue
 )
-SELECT id, name, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
+SELECT id, name, queue, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
 FROM back;
 
 -- name: stale_running
 -- RUNNING with no runner heartbeat (from its owner) within the threshold. Locked
 -- here; the caller decides retry or failure per task and writes it fenced.
-SELECT t.id, t.name, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
+SELECT t.id, t.name, t.queue, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
        extract(epoch FROM now() - greatest(t.started_at, hb.last))::float8 AS silent_s
 FROM tether_tasks t
 CROSS JOIN LATERAL (
