@@ -304,7 +304,7 @@ class StartedWorker:
                 listener,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every),
+                Reaper(url, config, every, me),
                 self.scheduler,
             ]
         )
