@@ -17,6 +17,7 @@ database error it tries again after 0.5 s, backing off up to check_interval_ms.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -25,9 +26,9 @@ import uuid
 from tether.broker import reaper_passes, recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
-from tether.db.connection import DedicatedConnection
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
+from tether.worker.shared_connection import SharedConnection
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
@@ -49,11 +50,18 @@ class Reaper(Service):
     log = log
 
     def __init__(
-        self, url: str, config: AppConfig, heartbeat_interval_s: float, worker_id: str | None = None
+        self,
+        url: str,
+        config: AppConfig,
+        heartbeat_interval_s: float,
+        worker_id: str | None = None,
+        connection: SharedConnection | None = None,
     ) -> None:
+        """``connection``: the main process's shared one (closed by its owner); else its own."""
         self.config = config.recovery
         super().__init__(Backoff(0.5, max(0.5, self.config.check_interval_ms / 1000)))
-        self.connection = DedicatedConnection(url, config, "reaper")
+        self._owns_connection = connection is None
+        self.connection = connection or SharedConnection(url, config, "reaper")
         self.worker_id = worker_id  # written to tether_reaper with each pass it does
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
         self._last_prune = -PRUNE_EVERY_S  # prune on the first pass this worker does
@@ -70,9 +78,15 @@ class Reaper(Service):
 
     async def close(self) -> None:
         await self.round_over()
-        self.connection.close()
+        if self._owns_connection:
+            await asyncio.to_thread(self.connection.close)
 
     def run_once(self) -> tuple[recovery.Recovered | None, float]:
+        """One tick, on the connection's turn (see _tick)."""
+        with self.connection.turn() as conn:
+            return self._tick(conn)
+
+    def _tick(self, conn: Conn) -> tuple[recovery.Recovered | None, float]:
         """One tick, and how long to sleep after it.
 
         The pass is None when it was not this worker's to do: not due yet (one read), or
@@ -81,7 +95,6 @@ class Reaper(Service):
         commits per interval for the worker that does the pass, 1 for the others).
         """
         cfg = self.config
-        conn = self.connection.get()
         due_in = reaper_passes.due_in(conn, cfg.check_interval_ms)
         if due_in > 0:
             return None, self._clamp(due_in)
