@@ -7,10 +7,12 @@ the test reads the count over a window of the database's clock.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.apps.support import task_row
@@ -18,6 +20,7 @@ from tests.chaos.conftest import (
     APP,
     CHECK_S,
     FAST,
+    HEARTBEAT_S,
     RUNNING_STALE_S,
     check_history,
     db_now,
@@ -140,3 +143,65 @@ def test_a_fleet_does_one_reaper_pass_per_interval_and_survives_the_death_of_the
         if w is not victim:
             assert w.proc.poll() is None, w.log_tail()
     print(f"\n{FLEET} workers, check interval {CHECK_S:g} s: " + "; ".join(counted))
+
+
+def last_beat(db: Any, worker_id: str | None) -> datetime:
+    row = db.execute("SELECT last_heartbeat_at FROM tether_workers WHERE id = %s", (worker_id,)).fetchone()
+    return row["last_heartbeat_at"]  # type: ignore[no-any-return]
+
+
+REAPER_LOCK_KEY = 2122188290  # broker/sql/reaper_passes.sql: claim_reaper_pass
+PASS_HOLDER = """
+SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = %s AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+@pytest.mark.timing
+def test_a_reaper_pass_that_waits_longer_than_the_stale_threshold_holds_up_no_heartbeat(
+    db: Any, database_url: str, chaos: ModuleType, workers: WorkerFactory
+) -> None:
+    """The reaper and the scheduler share a connection; the heartbeat keeps its own. A pass
+    stuck for three stale thresholds (here on a table lock; in life a lock wait or a big
+    prune) must not delay one heartbeat: the worker stays active, keeps its task, and does
+    not isolate itself."""
+    hold = chaos.app.tasks["hold"]
+    a = workers.start(APP, "--processes", "1", env=FAST)
+    tok = token()
+    running = hold.send(tok, 60)
+    wait_until(
+        lambda: runs(db, tok) == 1 and last_heartbeat(db, running.id, "runner") is not None,
+        message="A to run its task and heartbeat for it",
+    )
+    stuck_for = timedelta(seconds=3 * RUNNING_STALE_S)
+    beats: list[datetime] = []
+    with psycopg.connect(database_url) as blocker:
+        # SHARE mode stops writes to tether_tasks (the pass's first step), not the reads and
+        # the heartbeat rows of the heartbeat statement.
+        blocker.execute("LOCK TABLE tether_tasks IN SHARE MODE")
+        locked_at = db_now(blocker)
+        holder = wait_until(
+            lambda: db.execute(PASS_HOLDER, (REAPER_LOCK_KEY,)).fetchone(),
+            timeout=10,
+            message="A's reaper to start a pass and wait",
+        )
+        assert holder["application_name"] == "tether-maintenance", holder
+        while db_now(db) - locked_at < stuck_for:
+            previous = beats[-1] if beats else None
+            beats.append(
+                wait_until(
+                    lambda previous=previous: (b := last_beat(db, a.worker_id)) != previous and b,
+                    timeout=2 * HEARTBEAT_S,
+                    interval=0.05,
+                    message=f"A's next heartbeat after {previous}",
+                )
+            )
+        assert db.execute(PASS_HOLDER, (REAPER_LOCK_KEY,)).fetchone() is not None  # still stuck
+        blocker.rollback()
+    gaps = [(b - a_).total_seconds() for a_, b in itertools.pairwise(beats)]
+    assert len(beats) >= 5 and max(gaps) < 1.5 * HEARTBEAT_S, gaps
+    assert "isolating itself" not in a.log(), a.log()
+    row = task_row(db, running.id)
+    assert row["status"] == "RUNNING" and row["claimed_by_worker_id"] == a.worker_id, row
+    print(f"\nheartbeats while the pass waited {stuck_for.total_seconds():g} s: gaps {gaps}")

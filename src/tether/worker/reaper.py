@@ -103,10 +103,9 @@ class Reaper(Service):
         with conn.transaction():
             turn = reaper_passes.claim(conn, self.worker_id, cfg.check_interval_ms)
             if turn.pass_number is None:
-                # Another worker claimed it first (due_in_s > 0), or is doing it right now.
-                return None, self._clamp(turn.due_in_s) if turn.due_in_s > 0 else random.uniform(
-                    *BUSY_SLEEP_S
-                )
+                if turn.due_in_s > 0:  # another worker claimed it first
+                    return None, self._clamp(turn.due_in_s)
+                return None, random.uniform(*BUSY_SLEEP_S)  # another worker is doing it now
             done = self._act(conn)
             # Read in this transaction, so the steps of tasks failed just now are found.
             stuck = workflow_recovery.find_stuck(conn)
