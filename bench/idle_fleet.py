@@ -347,6 +347,7 @@ def measure(
     fleet_db: psycopg.Connection[Any],
     proxy: WireCounter | None,
     window: float,
+    producer: Producer | None = None,
 ) -> dict[str, Any]:
     conns_before = connections(admin)
     reset_statements(fleet_db)
@@ -356,8 +357,10 @@ def measure(
     (db0, tdb0), (w0, tw0) = _timed(lambda: server_cpu_seconds(postmaster)), _timed(fleet.cpu_seconds)
     x0, at0 = transactions(admin)
     t0 = time.monotonic()
+    sent0 = producer.sent if producer else 0
     time.sleep(window)
     t1 = time.monotonic()
+    sent1 = producer.sent if producer else 0
     x1, at1 = transactions(admin)
     stats = statements(fleet_db)
     passes1 = reaper_passes(fleet_db)
@@ -386,6 +389,7 @@ def measure(
         "statements_exec_ms": stats["exec_ms"],
         "statements_top_by_exec_time": stats["top_by_exec_time"],
         "reaper_passes": None if passes0 is None or passes1 is None else passes1 - passes0,
+        "tasks_sent": sent1 - sent0 if producer else None,
     }
     if proxy is not None:
         trips = proxy.round_trips(t0, t1)
@@ -516,9 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                         time.sleep(args.settle)
-                        sent0 = producer.sent
-                        busy = measure(fleet, postmaster, admin, fleet_db, proxy, args.window)
-                        busy["tasks_sent"] = producer.sent - sent0
+                        busy = measure(fleet, postmaster, admin, fleet_db, proxy, args.window, producer)
                     finally:
                         producer.stop()
         result.update(

@@ -38,11 +38,14 @@ PRUNE_EVERY_S = 3600.0
 AFTER_DUE_S = 0.01
 MIN_SLEEP_S = 0.05
 # Workers that read the same due moment wake within this spread, up to a tenth of the
-# sleep: the first claims the pass, the later ones find it done. It delays a pass by at
-# most this much (by about spread / workers in a fleet).
-JITTER_MAX_S = 0.25
-# Due, but another worker's pass holds it (it is running): look again after about this.
-BUSY_SLEEP_S = (0.05, 0.25)
+# sleep: the first claims the pass, and the later ones, finding it done, sleep again.
+# Those that wake while it runs cost a claim each, so the spread is wide against a pass's
+# length. It delays a pass by at most this much (by about spread / workers in a fleet).
+JITTER_MAX_S = 1.0
+# Due, but another worker's pass holds it: it is running, and will set the next moment.
+# Looking again only covers its worker dying mid-pass (the pass rolls back, still due):
+# after this fraction of a second, or of the check interval if that is shorter.
+BUSY_SLEEP = (0.5, 1.0)
 
 
 class Reaper(Service):
@@ -105,7 +108,8 @@ class Reaper(Service):
             if turn.pass_number is None:
                 if turn.due_in_s > 0:  # another worker claimed it first
                     return None, self._clamp(turn.due_in_s)
-                return None, random.uniform(*BUSY_SLEEP_S)  # another worker is doing it now
+                # Another worker is doing it now.
+                return None, random.uniform(*BUSY_SLEEP) * min(1.0, cfg.check_interval_ms / 1000)
             done = self._act(conn)
             # Read in this transaction, so the steps of tasks failed just now are found.
             stuck = workflow_recovery.find_stuck(conn)

@@ -2,7 +2,8 @@
 every worker, exactly once per slot.
 
 At start it stores the schedules the worker's code declares for its queues (periodic.
-sync_declared). Then each tick, in one transaction: lock the live schedules of its queues
+sync_declared). Then each tick reads when the next slot of its queues comes (one
+statement); once one has come, in one transaction: lock the live schedules of its queues
 whose next slot has come, send their due slots by the catch-up and overlap rules, move
 their cursors on, and read when the next slot comes; it sleeps until then. Every worker
 runs one: no leader. Workers reaching a slot together take turns on the schedule's row
@@ -83,10 +84,18 @@ class Scheduler(Service):
         if not self._synced:
             sync_declared(conn, self.declared, self.queues)
             self._synced = True
+        # Most ticks find nothing due (a fleet ticks every check interval per worker): one
+        # read outside any transaction says so, and when the next slot comes.
+        ahead = schedules.next_slot_in(conn, self.queues)
+        if ahead is None or ahead > 0:
+            return self._until(ahead)
         with conn.transaction():
             for due in schedules.lock_due_schedules(conn, self.queues):
                 self._send_due(conn, due)
-            wait = schedules.next_slot_in(conn, self.queues)
+            return self._until(schedules.next_slot_in(conn, self.queues))
+
+    def _until(self, wait: float | None) -> float:
+        """Until the next slot (None: there is none), at most the check interval."""
         if wait is None:
             return self.max_sleep_s
         return min(self.max_sleep_s, max(0.0, wait) + AFTER_DUE_S)
