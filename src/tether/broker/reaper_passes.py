@@ -44,16 +44,25 @@ def _ms(value: float) -> timedelta:
     return timedelta(milliseconds=value)
 
 
-def due_in(conn: Conn, check_interval_ms: float) -> float:
-    """Seconds until the fleet's next pass is due (<= 0: now); one statement, no transaction.
+@dataclass(frozen=True, slots=True)
+class PassDue:
+    """Seconds until the fleet's next pass is due (<= 0: now); ``running``: due, and another
+    worker is doing it right now (it holds the reaper's advisory lock)."""
+
+    due_in_s: float
+    running: bool
+
+
+def due_in(conn: Conn, check_interval_ms: float) -> PassDue:
+    """When the fleet's next pass is due; one statement, no transaction.
 
     A missing row (the tables were emptied by hand) is made again, due at once.
     """
     row = conn.execute(q("reaper_pass_due_in"), {"check_interval": _ms(check_interval_ms)}).fetchone()
     if row is None:
         conn.execute(q("ensure_reaper_row"))
-        return 0.0
-    return float(row["due_in_s"])
+        return PassDue(0.0, False)
+    return PassDue(float(row["due_in_s"]), bool(row["running"]))
 
 
 def claim(conn: Conn, worker_id: str | None, check_interval_ms: float) -> ReaperTurn:

@@ -44,8 +44,10 @@ MIN_SLEEP_S = 0.05
 JITTER_MAX_S = 1.0
 # Due, but another worker's pass holds it: it is running, and will set the next moment.
 # Looking again only covers its worker dying mid-pass (the pass rolls back, still due):
-# after this fraction of a second, or of the check interval if that is shorter.
+# after this fraction of BUSY_LOOK_S, or of the check interval if that is shorter (on a
+# starved machine a pass can take seconds, and a fleet must not poll it meanwhile).
 BUSY_SLEEP = (0.5, 1.0)
+BUSY_LOOK_S = 5.0
 
 
 class Reaper(Service):
@@ -98,9 +100,11 @@ class Reaper(Service):
         commits per interval for the worker that does the pass, 1 for the others).
         """
         cfg = self.config
-        due_in = reaper_passes.due_in(conn, cfg.check_interval_ms)
-        if due_in > 0:
-            return None, self._clamp(due_in)
+        due = reaper_passes.due_in(conn, cfg.check_interval_ms)
+        if due.due_in_s > 0:
+            return None, self._clamp(due.due_in_s)
+        if due.running:
+            return None, self._busy_sleep()
         stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
         unfinished: list[uuid.UUID] = []
         with conn.transaction():
@@ -108,8 +112,7 @@ class Reaper(Service):
             if turn.pass_number is None:
                 if turn.due_in_s > 0:  # another worker claimed it first
                     return None, self._clamp(turn.due_in_s)
-                # Another worker is doing it now.
-                return None, random.uniform(*BUSY_SLEEP) * min(1.0, cfg.check_interval_ms / 1000)
+                return None, self._busy_sleep()  # another worker is doing it now
             done = self._act(conn)
             # Read in this transaction, so the steps of tasks failed just now are found.
             stuck = workflow_recovery.find_stuck(conn)
@@ -163,6 +166,9 @@ class Reaper(Service):
         if due is None:
             return self.config.check_interval_ms / 1000
         return self._clamp(due + AFTER_DUE_S)
+
+    def _busy_sleep(self) -> float:
+        return random.uniform(*BUSY_SLEEP) * min(BUSY_LOOK_S, self.config.check_interval_ms / 1000)
 
     def _clamp(self, seconds: float) -> float:
         return min(self.config.check_interval_ms / 1000, max(MIN_SLEEP_S, seconds))

@@ -4,10 +4,19 @@
 -- name: reaper_pass_due_in
 -- Seconds until the fleet's next pass is due (<= 0: due now): the moment the last pass
 -- set, or this worker's own check interval after the last pass, whichever comes first.
--- One read outside any transaction: what most ticks of most workers are.
-SELECT extract(epoch FROM least(next_pass_at, last_pass_at + %(check_interval)s::interval)
-                          - now())::float8 AS due_in_s
-FROM tether_reaper WHERE singleton;
+-- One read outside any transaction: what most ticks of most workers are. When due, also
+-- whether a pass is running (its worker holds the reaper's advisory lock, in this
+-- database): the worker then need not try to claim it.
+SELECT d.due_in_s,
+       CASE WHEN d.due_in_s > 0 THEN false ELSE EXISTS (
+           SELECT 1 FROM pg_locks l
+           WHERE l.locktype = 'advisory' AND l.classid = 0 AND l.objid = 2122188290
+             AND l.objsubid = 1 AND l.granted
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+       END AS running
+FROM (SELECT extract(epoch FROM least(next_pass_at, last_pass_at + %(check_interval)s::interval)
+                                - now())::float8 AS due_in_s
+      FROM tether_reaper WHERE singleton) d;
 
 -- name: ensure_reaper_row
 -- Migration 13 makes the row and tether never deletes it; someone emptying the tables by
