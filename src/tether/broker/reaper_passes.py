@@ -11,7 +11,7 @@ worker dies or hangs rolls back, the row stays due, and the next worker to look 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from tether.broker.queries import q
 from tether.broker.types import Conn
@@ -24,20 +24,6 @@ class ReaperTurn:
 
     pass_number: int | None
     due_in_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReaperPasses:
-    """The row as operators and tests read it."""
-
-    passes: int
-    last_pass_at: datetime
-    last_worker_id: str | None
-    next_pass_at: datetime
-    since_last_s: float
-
-
-NO_ROW = "tether_reaper has no row (migration 13 makes it, and nothing deletes it)"
 
 
 def _ms(value: float) -> timedelta:
@@ -79,9 +65,3 @@ def schedule_next(conn: Conn, after_s: float) -> None:
     """In the claiming pass's transaction: the fleet's next pass is due ``after_s`` from now."""
     conn.execute(q("schedule_next_reaper_pass"), {"after": timedelta(seconds=after_s)})
 
-
-def read(conn: Conn) -> ReaperPasses:
-    row = conn.execute(q("reaper_passes")).fetchone()
-    if row is None:
-        raise RuntimeError(NO_ROW)
-    return ReaperPasses(**row)

@@ -48,10 +48,3 @@ FROM tether_reaper r WHERE r.singleton;
 -- name: schedule_next_reaper_pass
 -- In the claiming pass's transaction, at its end: when the fleet's next pass is due.
 UPDATE tether_reaper SET next_pass_at = now() + %(after)s::interval WHERE singleton;
-
--- name: reaper_passes
--- For tests and operators: how many passes so far, the last one's start and worker, and
--- when the next is due.
-SELECT passes, last_pass_at, last_worker_id, next_pass_at,
-       extract(epoch FROM now() - last_pass_at)::float8 AS since_last_s
-FROM tether_reaper WHERE singleton;
