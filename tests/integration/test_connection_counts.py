@@ -72,13 +72,18 @@ def test_a_worker_holds_four_connections_idle_and_one_per_child_that_ran_a_task(
 
     # Work for every child: two sync tasks that each hold a child, an async one that reports
     # progress. The pool may grow while tasks flow, never past its 3.
+    wait_until(lambda: len(worker.task_children()) == 3, timeout=30, message="its three children to run")
     peak: dict[str, int] = {}
-    handles = [aio.sync_nap.send(0.5), aio.sync_nap.send(0.5), aio.whoami.send(0.2)]
-    pids: set[int] = set()
-    while len(pids) < 2 or not all(h.info().status == "COMPLETED" for h in handles):
+    # Sent together (one claim takes both), each holding a child for a second.
+    handles = [*aio.sync_nap.send_many([(1.0,), (1.0,)]), aio.whoami.send(0.2)]
+
+    def all_done() -> bool:
         for name, n in sessions(db).items():
             peak[name] = max(peak.get(name, 0), n)
-        pids = {h.get(timeout=30).unwrap() for h in handles[:2] if h.info().status == "COMPLETED"}
+        return all(h.info().status == "COMPLETED" for h in handles)
+
+    wait_until(all_done, timeout=60, interval=0.05, message="the three tasks to complete")
+    pids = {h.get(timeout=1).unwrap() for h in handles[:2]}
     assert len(pids) == 2, pids  # (two sync children ran them, one each)
     assert peak.get("tether-worker", 0) <= 3, peak
 
