@@ -101,7 +101,7 @@ def test_idle_round_trips_of_a_worker_counted_over_10_s(
         names = {t.application_name for t in trips}
         quiet = all(time.monotonic() - t.at > 0.5 for t in trips if t.application_name != "tether-worker")
         prepared = any(t.prepares and t.application_name == "tether-worker" for t in trips)
-        return {"tether-heartbeat", "tether-reaper"} <= names and quiet and prepared
+        return {"tether-heartbeat", "tether-maintenance"} <= names and quiet and prepared
 
     wait_until(steady, timeout=30, interval=0.05, message="the worker's start-up round trips to end")
 

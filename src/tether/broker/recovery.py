@@ -136,12 +136,6 @@ def _ms(value: int | float) -> timedelta:
     return timedelta(milliseconds=value)
 
 
-def take_reaper_lock(conn: Conn) -> bool:
-    """In the caller's transaction: True if this reaper may act this tick (held to COMMIT)."""
-    row = conn.execute(q("reaper_lock")).fetchone()
-    return bool(row and row["acquired"])
-
-
 def expire_pending(conn: Conn, limit: int = BATCH) -> int:
     row = conn.execute(q("expire_pending"), {"limit": limit}).fetchone()
     return int(row["expired"]) if row else 0

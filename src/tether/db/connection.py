@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, mask_url
+from tether.db import refusals
 from tether.errors import DatabaseUnreachableError
 
 log = logging.getLogger("tether.db")
@@ -83,7 +84,12 @@ class DedicatedConnection:
     def get(self) -> psycopg.Connection[dict[str, Any]]:
         """The open connection; a new one if there is none or it was lost."""
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+            try:
+                self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+            except psycopg.OperationalError as exc:
+                refusals.connect_failed(exc, self.role)
+                raise
+            refusals.connected()
         return self._conn
 
     def close(self) -> None:
@@ -112,9 +118,14 @@ class AsyncDedicatedConnection:
     async def get(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         """The open connection; a new one if there is none or it was lost."""
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.url, **worker_connection_options(self.config, self.role)
-            )
+            try:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.url, **worker_connection_options(self.config, self.role)
+                )
+            except psycopg.OperationalError as exc:
+                refusals.connect_failed(exc, self.role)
+                raise
+            refusals.connected()
         return self._conn
 
     async def close(self) -> None:

@@ -54,10 +54,10 @@ def async_child_main(
     concurrency: int,
 ) -> None:
     guard, app = begin_child("async child", parent_pid, log_setup, app_path, worker_id)
-    recorder = Recorder(url, worker_id, app.config)
+    recorder = Recorder(url, worker_id, app.config, role="child")
     # Progress reports on a connection of their own: a report that waits (a lost
     # connection, a row held by another session) holds up no start or outcome.
-    progress = ProgressWriter(Recorder(url, worker_id, app.config))
+    progress = ProgressWriter(Recorder(url, worker_id, app.config, role="child-progress"))
     child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency)
     try:
         asyncio.run(child.serve())

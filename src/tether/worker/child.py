@@ -132,7 +132,7 @@ def child_main(
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     set_cancel_probe(partial(_on_cancel_board, cancels, index))
     executor = Executor(app)
-    recorder = Recorder(url, worker_id, app.config)
+    recorder = Recorder(url, worker_id, app.config, role="child")
     try:
         _serve(conn, executor, recorder, guard)
     finally:

@@ -50,6 +50,7 @@ from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler
 from tether.worker.services import Services
+from tether.worker.shared_connection import SharedConnection
 from tether.worker.supervisor import Supervisor
 from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
@@ -164,7 +165,9 @@ class Worker:
         if self.stop_requested:
             return
         # Before claiming anything: recover what dead workers on this host left behind.
-        await asyncio.to_thread(reconcile_host, started.url, self.app.config, self.identity)
+        await asyncio.to_thread(
+            reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+        )
         await self._reached("reconciled")
         if self.stop_requested:
             return
@@ -245,7 +248,7 @@ class StartedWorker:
         self.registered = False  # the registry row may exist: close() marks it stopped
         self._claimed_any = False  # the first claim that returned tasks came back
         self.pool = WorkerPool(url, config)
-        self.recorder = Recorder(url, me, config)
+        self.recorder = Recorder(url, me, config, role="recorder")
         # The supervisor calls the dispatcher back only once its children run (start()).
         self.supervisor = Supervisor(
             lanes=worker.lanes,
@@ -291,7 +294,11 @@ class StartedWorker:
         )
         every = interval_s(config.recovery)
         heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every)
-        self.scheduler = Scheduler(url, config, worker.queues, list(worker.app.schedules.values()))
+        # The reaper, the scheduler and startup reconciliation take turns on one connection.
+        self.maintenance = SharedConnection(url, config, "maintenance")
+        self.scheduler = Scheduler(
+            url, config, worker.queues, list(worker.app.schedules.values()), self.maintenance
+        )
         self.listening = asyncio.Event()
         listener = WorkListener(
             url,
@@ -309,7 +316,7 @@ class StartedWorker:
                 listener,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every),
+                Reaper(url, config, every, me, self.maintenance),
                 self.scheduler,
             ]
         )
@@ -413,6 +420,7 @@ class StartedWorker:
                 log.error("could not mark worker %s stopped: %s", w.worker_id, exc)
         await self.pool.close()
         await asyncio.to_thread(self.recorder.close)
+        await asyncio.to_thread(self.maintenance.close)
 
     # -- what the claim loop hands over -------------------------------------------------
 

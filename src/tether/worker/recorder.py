@@ -41,13 +41,20 @@ class Recorder:
     """The fenced writes of one process (a child, or the worker's main process) on its own connection."""
 
     def __init__(
-        self, url: str, worker_id: str, config: AppConfig, *, give_up_after_s: float = 300.0
+        self,
+        url: str,
+        worker_id: str,
+        config: AppConfig,
+        *,
+        give_up_after_s: float = 300.0,
+        role: str = "worker",
     ) -> None:
+        """``role`` names the connection in pg_stat_activity: ``tether-<role>``."""
         self.worker_id = worker_id
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.give_up_after_s = give_up_after_s
-        self.connection = DedicatedConnection(url, config, "worker")
+        self.connection = DedicatedConnection(url, config, role)
         # The main process calls in from worker threads; one statement at a time.
         self._lock = threading.RLock()
 

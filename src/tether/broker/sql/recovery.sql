@@ -1,10 +1,6 @@
 -- The reaper's steps. Each is bounded (LIMIT) and each action is a guarded
 -- UPDATE, so two reapers racing, or a late worker, cannot act twice.
 
--- name: reaper_lock
--- One reaper acts per tick across all workers; the others skip (lock held to COMMIT).
-SELECT pg_try_advisory_xact_lock(2122188290) AS acquired;
-
 -- name: expire_pending
 -- PENDING past good_until -> EXPIRED with TASK_EXPIRED. No attempt row: nothing ran.
 WITH gone AS (
