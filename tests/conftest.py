@@ -31,6 +31,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.apps.support import machinery_url
+
 # The worker harness lives in tests/harness.py (the benchmarks use it too); tests import
 # these names from here.
 from tests.harness import REPO as REPO
@@ -296,10 +298,11 @@ def direct_url(server_url: str) -> Iterator[str]:
 def database_url(direct_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """The test database's URL as tether uses it (TETHER_DATABASE_URL): ``direct_url``, or in
     the PgBouncer run the same database through this process's PgBouncer in transaction mode."""
-    settings = {"TETHER_DATABASE_URL": direct_url}
+    # TETHER_TEST_DIRECT_URL: where the test apps' machinery connects (tests/apps/support.py).
+    settings = {"TETHER_DATABASE_URL": direct_url, "TETHER_TEST_DIRECT_URL": direct_url}
     if PGBOUNCER_RUN:
         bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
-        settings = {
+        settings |= {
             "TETHER_DATABASE_URL": bouncer.url(urlsplit(direct_url).path.lstrip("/")),
             "TETHER_POOLER": "transaction",
             "TETHER_LISTEN_URL": direct_url,
@@ -365,7 +368,8 @@ class WorkerFactory:
 
     def __init__(self, database_url: str, tmp: Path, direct_url: str | None = None) -> None:
         self.database_url = database_url
-        self.direct_url = direct_url  # where the harness looks (None: database_url)
+        # Where the harness looks: directly, also when the workers go through PgBouncer.
+        self.direct_url = direct_url or machinery_url(database_url)
         self.tmp = tmp
         self.started: list[WorkerProcess] = []
 
