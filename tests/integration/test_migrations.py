@@ -16,6 +16,11 @@ from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import MIGRATION_LOCK_KEY, available, ensure_schema, latest_version, migrate
 from tether.errors import SchemaError
 
+pytestmark = pytest.mark.direct_only(
+    "migrates databases of its own, made and reached directly on the server (test_pgbouncer.py "
+    "migrates one through PgBouncer)"
+)
+
 
 @pytest.fixture
 def fresh_database(server_url: str) -> Iterator[Callable[[], str]]:
