@@ -36,7 +36,9 @@ from tether import AppConfig, PostgresConfig, RecoveryConfig, Tether
 from tether.broker import PostgresBroker
 from tether.db.connection import connect
 from tether.db.migrate import MIGRATION_LOCK_KEY, available, migrate
+from tether.health import HealthStatus, HealthThresholds, check_health
 from tether.web.dashboard import DashboardServer
+from tether.worker.work_listener import listener_role
 
 APP = "tests.apps.basic:app"
 WAIT = 30.0
@@ -249,7 +251,8 @@ def test_workers_claim_run_retry_and_record_through_pgbouncer(
         assert "Traceback" not in log, log
     assert advisory_locks(db) == 0
     # The worker LISTENs on the direct URL: its listener is a session of its own there.
-    assert listening_sessions(db).count("tether-listener") == 2
+    named = {f"tether-{listener_role(w.worker_id or '')}" for w in (first, second)}
+    assert named <= set(listening_sessions(db))
     for worker in (first, second):
         assert worker.stop() == 0
 
@@ -302,6 +305,13 @@ def test_without_a_listen_url_workers_and_handles_poll_and_say_so(
     assert log.count(POLLING_LINE) == 1, log
     [line] = [line for line in log.splitlines() if POLLING_LINE in line]
     assert "WARNING" in line and "polling every 200 ms" in line and "TETHER_LISTEN_URL" in line
+    # `tether health`, configured alike, takes the missing listener for what it is.
+    [check] = [
+        c
+        for c in check_health(app.broker, HealthThresholds()).checks
+        if (c.check, c.subject) == ("worker_listener", worker.worker_id)
+    ]
+    assert check.status == HealthStatus.OK and "as configured" in check.detail
     assert worker.stop() == 0
 
 
@@ -437,6 +447,6 @@ def test_a_worker_through_pgbouncer_in_session_mode(
     worker = workers.start(APP, "--processes", "1", env=settings)
     assert app.tasks["add"].send(20, 22).get(timeout=WAIT).ok == 42
     assert POLLING_LINE not in worker.log()
-    assert "tether-listener" in listening_sessions(db)
+    assert f"tether-{listener_role(worker.worker_id or '')}" in listening_sessions(db)
     assert worker.stop() == 0
     assert statuses(db) == {"COMPLETED": 1}
