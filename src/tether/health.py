@@ -180,11 +180,16 @@ class HealthReport:
 
 
 def check_health(broker: PostgresBroker, thresholds: HealthThresholds) -> HealthReport:
-    """Read the facts on one pooled connection and judge them."""
-    return broker.run(lambda conn: gather(conn, thresholds))
+    """Read the facts on one pooled connection and judge them.
+
+    Behind a transaction pooler with no listen_url (docs/pgbouncer.md) workers poll by design:
+    a worker with no listener is then no warning.
+    """
+    polls = broker.listen_url is None
+    return broker.run(lambda conn: gather(conn, thresholds, polls=polls))
 
 
-def gather(conn: Conn, thresholds: HealthThresholds) -> HealthReport:
+def gather(conn: Conn, thresholds: HealthThresholds, *, polls: bool = False) -> HealthReport:
     """``check_health`` on a connection the caller holds."""
     now = tasks.database_now(conn)
     holders = facts.horizon_holders(conn)
@@ -194,7 +199,7 @@ def gather(conn: Conn, thresholds: HealthThresholds) -> HealthReport:
     checks = [
         *transaction_checks(holders, thresholds),
         *table_checks(tables, thresholds),
-        *worker_checks(alive, thresholds),
+        *worker_checks(alive, thresholds, polls=polls),
         *queue_checks(lags, thresholds),
     ]
     return HealthReport(now, thresholds, checks, holders, tables, alive, lags)
@@ -315,8 +320,10 @@ def table_checks(tables: list[TableStats], t: HealthThresholds) -> list[HealthCh
     return checks
 
 
-def worker_checks(alive: list[WorkerLiveness], t: HealthThresholds) -> list[HealthCheck]:
-    """Per active worker: its heartbeat's age, and its work listener."""
+def worker_checks(
+    alive: list[WorkerLiveness], t: HealthThresholds, *, polls: bool = False
+) -> list[HealthCheck]:
+    """Per active worker: its heartbeat's age, and its work listener (``polls``: none is expected)."""
     checks = []
     for w in alive:
         checks.append(
@@ -333,18 +340,29 @@ def worker_checks(alive: list[WorkerLiveness], t: HealthThresholds) -> list[Heal
             HealthCheck(
                 "worker_listener",
                 w.id,
-                HealthStatus.OK if w.listening else HealthStatus.WARNING,
+                HealthStatus.OK if w.listening or polls else HealthStatus.WARNING,
                 None,
                 "",
                 None,
                 None,
-                "its work listener is connected"
-                if w.listening
-                else "no work listener connection in the server: it wakes up only by polling "
-                "(a lost connection it is reconnecting, a worker older than this check, or a hung worker)",
+                _listener_detail(w.listening, polls),
             )
         )
     return checks
+
+
+def _listener_detail(listening: bool, polls: bool) -> str:
+    if listening:
+        return "its work listener is connected"
+    if polls:
+        return (
+            "no work listener, as configured: behind a transaction pooler with no listen_url, "
+            "workers find work by polling (docs/pgbouncer.md)"
+        )
+    return (
+        "no work listener connection in the server: it wakes up only by polling "
+        "(a lost connection it is reconnecting, a worker older than this check, or a hung worker)"
+    )
 
 
 def queue_checks(lags: list[QueueLag], t: HealthThresholds) -> list[HealthCheck]:

@@ -37,6 +37,13 @@ GROUP BY 1
 """
 WORKER_IDLE = {"tether-worker": 1, "tether-heartbeat": 1, "tether-listener": 1, "tether-maintenance": 1}
 
+# Server sessions per application_name are what is counted: behind PgBouncer they are
+# PgBouncer's, shared by every client and named by whichever used them last.
+pytestmark = pytest.mark.direct_only(
+    "counts each kind of process's server sessions by application_name; behind PgBouncer the "
+    "server sessions are PgBouncer's, shared by all clients"
+)
+
 
 def sessions(db: Any, pattern: str = "tether-%") -> dict[str, int]:
     rows = db.execute(SESSIONS, (pattern,)).fetchall()

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import tether.cli
+from tests.apps.support import machinery_url
 from tests.cli_support import tether_command
 from tests.conftest import WorkerFactory, wait_until
 from tether.broker.queries import q
@@ -82,7 +83,7 @@ def test_a_long_open_repeatable_read_transaction_is_reported_with_its_horizon_ag
     assert code == 0, not_ok(report)
     assert check(report, "mvcc_horizon")["value"] is None
 
-    with psycopg.connect(database_url) as reader:
+    with psycopg.connect(machinery_url(database_url)) as reader:  # its server pid: a direct session
         reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         reader.execute("SELECT count(*) FROM tether_tasks").fetchone()  # its snapshot is taken
         holder = reader.info.backend_pid

@@ -117,6 +117,10 @@ async def eventually(predicate: Any, what: str) -> None:
 # -- the connection every service gets -----------------------------------------------------
 
 
+@pytest.mark.direct_only(
+    "ends the server session under a client and expects the client to see it: behind PgBouncer "
+    "the session it ends is PgBouncer's, and no client is attached to it between transactions"
+)
 def test_a_dedicated_connection_opens_on_first_use_and_again_after_it_was_lost(
     database_url: str, db: Conn
 ) -> None:
@@ -167,6 +171,10 @@ async def test_a_reaper_tick_requeues_a_stale_claim_and_sleeps_until_the_next_is
         await reaper.close()
 
 
+@pytest.mark.direct_only(
+    "ends the server session under a client and expects the client to see it: behind PgBouncer "
+    "the session it ends is PgBouncer's, and no client is attached to it between transactions"
+)
 async def test_a_reaper_whose_connection_was_killed_fails_one_tick_logs_it_once_and_goes_on(
     basic: ModuleType, database_url: str, db: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -334,6 +342,10 @@ async def test_a_heartbeat_tick_is_one_statement_for_every_task_the_worker_holds
 # -- the work listener -----------------------------------------------------------------------
 
 
+@pytest.mark.direct_only(
+    "LISTENs on the URL it is given and ends that server session: behind a transaction pooler "
+    "a worker LISTENs on listen_url, a direct URL (test_pgbouncer.py covers that)"
+)
 async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_after_a_loss(
     database_url: str, db: Conn
 ) -> None:

@@ -31,6 +31,7 @@ from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.config import WorkerConfig
+from tether.db.connection import listen_url
 from tether.errors import UnknownQueueError
 from tether.log_fields import about_task, set_worker
 from tether.log_setup import LogSetup
@@ -49,7 +50,7 @@ from tether.worker.reaper import Reaper
 from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler
-from tether.worker.services import Services
+from tether.worker.services import Service, Services
 from tether.worker.shared_connection import SharedConnection
 from tether.worker.supervisor import Supervisor
 from tether.worker.task_set import TaskSet
@@ -277,7 +278,11 @@ class StartedWorker:
             config.recovery.running_stale_threshold_ms / 1000,
             on_rejoin=triggers.work_may_wait,
         )
-        self.registration = NotifyRegistration(self.pool, me, worker.queues)
+        # None: behind a transaction pooler with no listen_url, nothing listens (docs/pgbouncer.md).
+        self.listen_url = listen_url(config.broker, url)
+        self.registration = NotifyRegistration(
+            self.pool, me, worker.queues, notified=self.listen_url is not None
+        )
         self.claimer = Claimer(
             pool=self.pool,
             worker_id=me,
@@ -300,20 +305,24 @@ class StartedWorker:
             url, config, worker.queues, list(worker.app.schedules.values()), self.maintenance
         )
         self.listening = asyncio.Event()
-        listener = WorkListener(
-            url,
-            config,
-            set(worker.queues),
-            on_work=triggers.on_notification,
-            on_listening=self._on_listening,
-            on_schedules=self.scheduler.wake,
-            on_control=self._on_control,
-            worker_id=me,  # its connection's name says whose it is (`tether health` looks)
-        )
+        listeners: list[Service] = []
+        if self.listen_url is not None:
+            listeners.append(
+                WorkListener(
+                    self.listen_url,
+                    config,
+                    set(worker.queues),
+                    on_work=triggers.on_notification,
+                    on_listening=self._on_listening,
+                    on_schedules=self.scheduler.wake,
+                    on_control=self._on_control,
+                    worker_id=me,  # its connection's name says whose it is (`tether health` looks)
+                )
+            )
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
-                listener,
+                *listeners,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
                 Reaper(url, config, every, me, self.maintenance),
@@ -356,6 +365,9 @@ class StartedWorker:
         notification starts the retry on time instead of at the next poll.
         """
         self.services.start()
+        if self.listen_url is None:
+            self._say_polling()
+            return
         timeout = self.worker.app.config.broker.connect_timeout_s
         waits = {asyncio.create_task(self.listening.wait()), asyncio.create_task(self.worker.stopping.wait())}
         try:
@@ -367,6 +379,18 @@ class StartedWorker:
             log.warning(
                 "work listener not connected after %.0fs; going on (the poll finds work meanwhile)", timeout
             )
+
+    def _say_polling(self) -> None:
+        config = self.worker.app.config
+        log.warning(
+            "worker %s: no LISTEN connection (pooler=transaction and no listen_url): new work is "
+            "found by polling every %d ms (poll_interval_ms), and cancels reach running tasks "
+            "within a heartbeat (%.0f s). Set TETHER_LISTEN_URL (PostgresConfig.listen_url) to a "
+            "direct URL to PostgreSQL to be woken at once (docs/pgbouncer.md)",
+            self.worker.worker_id,
+            self.worker.config.poll_interval_ms,
+            interval_s(config.recovery),
+        )
 
     def _on_listening(self) -> None:
         # Notifications sent while the listener was down are lost: look once, and
