@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.broker.queries import q
@@ -24,6 +24,19 @@ from tether.result import TaskStatus, WorkflowStatus
 
 #: The cursor of a first page: every id is below it.
 TOP = uuid.UUID(int=(1 << 128) - 1)
+#: Rows one page of a task list reads at most, below its cursor. A filter that few tasks
+#: match stops there rather than read a large table to its end: the page says how far it
+#: searched, and the next page goes on from there.
+SCAN = 20_000
+# Statuses with a partial index over their rows (migrations 1, 2, 10): a list of only
+# these reads that index, not the primary key, and its scan counts only their rows.
+UNSUCCESSFUL = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED})
+IN_FLIGHT = frozenset({TaskStatus.CLAIMED, TaskStatus.RUNNING})
+
+
+def id_time(task_id: uuid.UUID) -> datetime:
+    """When a UUIDv7 was made (its millisecond timestamp), as an aware datetime."""
+    return datetime.fromtimestamp((task_id.int >> 80) / 1000, UTC)
 
 
 def id_floor(at: datetime) -> uuid.UUID:
@@ -44,6 +57,21 @@ class TaskFilter:
     error_code: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of a task list, newest first.
+
+    ``next``: the cursor of the next page (None: nothing older is left). ``searched_to``:
+    set when the page stopped after reading its SCAN rows before it had ``limit`` matches;
+    then the tasks made before that moment (ids below ``next``) are not searched yet, and
+    a page with few or no tasks does not mean there are no more.
+    """
+
+    tasks: list[TaskSummary]
+    next: uuid.UUID | None
+    searched_to: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,23 +106,49 @@ def limit_time(conn: Conn, ms: int) -> None:
     conn.execute(q("browse_time_limit"), {"ms": int(ms)})
 
 
-def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int) -> list[TaskSummary]:
-    """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
-    newest), newest first."""
+def page_params(where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int) -> dict[str, Any]:
+    """browse_tasks's parameters: one more row than ``limit``, and which filters the inner
+    scan may give to an index (browse.sql says why only those)."""
     upper = before or TOP
     if where.until is not None:
         upper = min(upper, id_floor(where.until))
-    params = {
+    wanted = set(where.statuses)
+    indexed = bool(wanted) and (wanted <= UNSUCCESSFUL or wanted <= IN_FLIGHT)
+    return {
         "before": upper,
         "id_from": None if where.since is None else id_floor(where.since),
         "statuses": list(where.statuses) or None,
         "queue": where.queue,
         "name": where.name,
         "error_code": where.error_code,
-        "limit": limit,
+        "index_statuses": list(where.statuses) if indexed else None,
+        # FAILED alone with a code: tether_tasks_failed_code_idx, keyed by the code.
+        "index_code": where.error_code if wanted == {TaskStatus.FAILED} else None,
+        "scan": scan,
+        "limit": limit + 1,
     }
+
+
+def browse_tasks(
+    conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int | None = None
+) -> TaskPage:
+    """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
+    newest), newest first, reading at most ``scan`` rows (None: SCAN)."""
+    scan = SCAN if scan is None else scan
+    params = page_params(where, before=before, limit=limit, scan=scan)
     rows = conn.execute(q("browse_tasks"), params, prepare=False).fetchall()
-    return [with_status(TaskSummary, row, TaskStatus) for row in rows]
+    read_to = rows[-1] if rows and rows[-1]["nth"] == scan else None  # the scan's last row
+    matched = [with_status(TaskSummary, _summary(row), TaskStatus) for row in rows if row["matches"]]
+    if len(matched) > limit:
+        return TaskPage(matched[:limit], matched[limit - 1].id, None)
+    if read_to is not None:
+        return TaskPage(matched, read_to["id"], id_time(read_to["id"]))
+    return TaskPage(matched, None, None)
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    del row["matches"], row["nth"]
+    return row
 
 
 def task_detail(conn: Conn, task_id: uuid.UUID) -> TaskDetail | None:
