@@ -45,19 +45,17 @@ def queue_counts(
     """Tasks per queue and status (statuses with none left out), by queue then status.
     ``sample_pages`` and ``pending_exact_up_to``: None for SAMPLE_PAGES and PENDING_EXACT_UP_TO."""
     cap = PENDING_EXACT_UP_TO if pending_exact_up_to is None else pending_exact_up_to
-    if exact:
-        percent = 100.0
-    else:
-        pages = SAMPLE_PAGES if sample_pages is None else sample_pages
+    pages = SAMPLE_PAGES if sample_pages is None else sample_pages
+    with conn.transaction():  # the first statement's settings hold for the second
         row = conn.execute(q("count_sample_percent"), {"pages": pages}).fetchone()
         assert row is not None  # one row always
-        percent = float(row["percent"])
-    rows = conn.execute(
-        q("queue_counts"),
-        {"percent": percent, "pending_cap": None if exact else cap},
-        # Planned with its values: the sample's share and the bound change how it is read.
-        prepare=False,
-    ).fetchall()
+        percent = 100.0 if exact else float(row["percent"])
+        rows = conn.execute(
+            q("queue_counts"),
+            {"percent": percent, "pending_cap": None if exact else cap},
+            # Planned with its values: the sample's share and the bound change how it is read.
+            prepare=False,
+        ).fetchall()
     return [
         QueueCount(
             row["queue"],

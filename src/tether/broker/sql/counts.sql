@@ -12,8 +12,12 @@
 
 -- name: count_sample_percent
 -- The share of tether_tasks' pages (in percent, up to 100) that holds about `pages` pages:
--- the table's size now, not as of its last ANALYZE.
-SELECT least(100.0, 100.0 * %(pages)s
+-- the table's size now, not as of its last ANALYZE. Also, for the rest of the caller's
+-- transaction: no JIT compilation. queue_counts's estimated cost (it could read millions
+-- of rows, but stops early) passes jit_above_cost, and compiling it took 80 ms, more than
+-- the statement itself.
+SELECT set_config('jit', 'off', true) AS jit,
+       least(100.0, 100.0 * %(pages)s
              / greatest(1, pg_relation_size('tether_tasks') / current_setting('block_size')::int))::float8
        AS percent;
 
@@ -30,7 +34,7 @@ WITH RECURSIVE waiting_queues AS (
     SELECT (SELECT t.queue FROM tether_tasks t
             WHERE t.status = 'PENDING' AND t.queue > w.queue ORDER BY t.queue LIMIT 1)
     FROM waiting_queues w WHERE w.queue IS NOT NULL
-), waiting AS (
+), waiting AS MATERIALIZED (  -- its n is read three times below: counted once
     SELECT w.queue,
            (SELECT count(*) FROM (SELECT 1 FROM tether_tasks t
                                   WHERE t.status = 'PENDING' AND t.queue = w.queue
