@@ -217,10 +217,11 @@ def test_migration_10_indexes_the_unsuccessful_tasks_already_there_and_the_lists
             where = TaskFilter(statuses=tuple(TaskStatus(s) for s in statuses), error_code=code)
             params = page_params(where, before=None, limit=51, scan=20_000)
             [row] = conn.execute(
-                "EXPLAIN (FORMAT JSON) " + q("browse_tasks"), params, prepare=False
+                "EXPLAIN (FORMAT JSON) " + q("browse_tasks_indexed"), params, prepare=False
             ).fetchall()
+            # The partial index for the scan (and maybe the primary key for the page's rows).
             used = index_names(row["QUERY PLAN"])
-            assert used == {index}, (statuses, code, used)
+            assert used - {"tether_tasks_pkey"} == {index}, (statuses, code, used)
             shown = [r.id for r in browse_tasks(conn, where, before=None, limit=51).tasks]
             with conn.transaction():  # the same rows, read without any index
                 conn.execute("SET LOCAL enable_indexscan = off")

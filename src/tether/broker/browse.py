@@ -24,10 +24,14 @@ from tether.result import TaskStatus, WorkflowStatus
 
 #: The cursor of a first page: every id is below it.
 TOP = uuid.UUID(int=(1 << 128) - 1)
-#: Rows one page of a task list reads at most, below its cursor. A filter that few tasks
-#: match stops there rather than read a large table to its end: the page says how far it
-#: searched, and the next page goes on from there.
+#: Rows one page of a task list reads at most, below its cursor, through the primary key.
+#: A filter that few tasks match stops there rather than read a large table to its end:
+#: the page says how far it searched, and the next page goes on from there. The rows are
+#: next to each other in the table (ids are made in time order): about 2,000 pages.
 SCAN = 20_000
+#: The same through a partial index (a list of unsuccessful or in-flight statuses only):
+#: those rows are spread over the whole table, each one read from a page of its own.
+SCAN_INDEXED = 2_000
 # Statuses with a partial index over their rows (migrations 1, 2, 10): a list of only
 # these reads that index, not the primary key, and its scan counts only their rows.
 UNSUCCESSFUL = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED})
@@ -72,6 +76,7 @@ class TaskPage:
     tasks: list[TaskSummary]
     next: uuid.UUID | None
     searched_to: datetime | None
+    scan: int  # the most rows this page could read
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +112,13 @@ def limit_time(conn: Conn, ms: int) -> None:
 
 
 def page_params(where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int) -> dict[str, Any]:
-    """browse_tasks's parameters: one more row than ``limit``, and which filters the inner
-    scan may give to an index (browse.sql says why only those)."""
+    """The parameters of a page's statement: one more row than ``limit``, and the statuses
+    (and error code) whose partial index the scan reads instead of the primary key (None:
+    the primary key; browse.sql says why only those)."""
     upper = before or TOP
     if where.until is not None:
         upper = min(upper, id_floor(where.until))
-    wanted = set(where.statuses)
-    indexed = bool(wanted) and (wanted <= UNSUCCESSFUL or wanted <= IN_FLIGHT)
+    indexed = _indexed(where)
     return {
         "before": upper,
         "id_from": None if where.since is None else id_floor(where.since),
@@ -123,7 +128,7 @@ def page_params(where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan
         "error_code": where.error_code,
         "index_statuses": list(where.statuses) if indexed else None,
         # FAILED alone with a code: tether_tasks_failed_code_idx, keyed by the code.
-        "index_code": where.error_code if wanted == {TaskStatus.FAILED} else None,
+        "index_code": where.error_code if set(where.statuses) == {TaskStatus.FAILED} else None,
         "scan": scan,
         "limit": limit + 1,
     }
@@ -133,17 +138,26 @@ def browse_tasks(
     conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int | None = None
 ) -> TaskPage:
     """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
-    newest), newest first, reading at most ``scan`` rows (None: SCAN)."""
-    scan = SCAN if scan is None else scan
+    newest), newest first, reading at most ``scan`` rows (None: SCAN, or SCAN_INDEXED for
+    the statuses with a partial index)."""
+    indexed = _indexed(where)
+    scan = scan if scan is not None else SCAN_INDEXED if indexed else SCAN
     params = page_params(where, before=before, limit=limit, scan=scan)
-    rows = conn.execute(q("browse_tasks"), params, prepare=False).fetchall()
+    statement = "browse_tasks_indexed" if indexed else "browse_tasks"
+    rows = conn.execute(q(statement), params, prepare=False).fetchall()
     read_to = rows[-1] if rows and rows[-1]["nth"] == scan else None  # the scan's last row
     matched = [with_status(TaskSummary, _summary(row), TaskStatus) for row in rows if row["matches"]]
     if len(matched) > limit:
-        return TaskPage(matched[:limit], matched[limit - 1].id, None)
+        return TaskPage(matched[:limit], matched[limit - 1].id, None, scan)
     if read_to is not None:
-        return TaskPage(matched, read_to["id"], id_time(read_to["id"]))
-    return TaskPage(matched, None, None)
+        return TaskPage(matched, read_to["id"], id_time(read_to["id"]), scan)
+    return TaskPage(matched, None, None, scan)
+
+
+def _indexed(where: TaskFilter) -> bool:
+    """Whether every status asked for has a partial index (the list reads it, not the key)."""
+    wanted = set(where.statuses)
+    return bool(wanted) and (wanted <= UNSUCCESSFUL or wanted <= IN_FLIGHT)
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:

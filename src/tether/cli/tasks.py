@@ -71,8 +71,9 @@ def tasks(
 ) -> None:
     """Recent tasks, newest first, filtered by status, queue or name.
 
-    One call reads at most 20,000 tasks: when a filter matches few of them, it says how
-    far back it searched and the --before that goes on from there.
+    One call reads at most 20,000 tasks (2,000 of a FAILED, CANCELLED, EXPIRED, CLAIMED or
+    RUNNING list): when a filter matches few of them, it says how far back it searched and
+    the --before that goes on from there.
     """
     where = browse.TaskFilter(
         statuses=(TaskStatus(status_.upper()),) if status_ else (), queue=queue, name=name
@@ -106,9 +107,8 @@ def tasks(
     if page.searched_to is not None:
         # On stderr: the JSON on stdout stays the list it always was.
         click.echo(
-            f"searched the {browse.SCAN:,} newest tasks{' below --before' if before else ''}, back to "
-            f"tasks made at {common.ts(page.searched_to)}; older ones are not searched yet: "
-            f"add --before {page.next}",
+            f"searched back to tasks made at {common.ts(page.searched_to)} (one call reads at most "
+            f"{page.scan:,} tasks); older ones are not searched yet: add --before {page.next}",
             err=True,
         )
 

@@ -60,8 +60,9 @@ def read(broker: PostgresBroker, work: Callable[[Conn], T]) -> T:
 def tasks_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
     """``GET /api/tasks``: a page of tasks, newest first, and the cursor of the next page.
 
-    ``searched_to`` (else null): the page read its browse.SCAN rows before it had ``limit``
-    matches, so tasks made before that time are not searched yet; ``next`` goes on there.
+    ``searched_to`` (else null): the page read its ``scan`` rows (browse.SCAN, or
+    browse.SCAN_INDEXED) before it had ``limit`` matches, so tasks made before that time are
+    not searched yet; ``next`` goes on there.
     """
     where = task_filter(query)
     before = _uuid(query, "before")
@@ -71,7 +72,7 @@ def tasks_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
         "tasks": page.tasks,
         "next": None if page.next is None else str(page.next),
         "searched_to": page.searched_to,
-        "scan": browse.SCAN,
+        "scan": page.scan,
     }
 
 

@@ -84,8 +84,8 @@ export async function render(view, ctx) {
     page.searched_to ? "none in this part" : (before ? "no more tasks" : "no task matches"), { id: "task-list" }));
   if (page.searched_to) { // the page stopped after reading its share of rows: older ones are not searched yet
     view.append(el("p", { class: "muted", id: "searched-to" },
-      `Searched the ${page.scan.toLocaleString("en-US")} tasks below this page's start, back to tasks made at `,
-      time(page.searched_to), ": older tasks are not searched yet. ",
+      "Searched back to tasks made at ", time(page.searched_to),
+      ` (a page reads at most ${page.scan.toLocaleString("en-US")} tasks): older tasks are not searched yet. `,
       link(route("tasks", { ...current, before: page.next }), "Search further »", { id: "search-further" })));
   }
   const pager = el("div", { class: "pager" });
