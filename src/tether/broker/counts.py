@@ -21,7 +21,7 @@ from tether.result import TaskStatus
 #: Pages of tether_tasks the estimates read (16 MB with 8 kB pages; about 30,000 tasks).
 SAMPLE_PAGES = 2_000
 #: PENDING is counted exactly up to this per queue, estimated beyond.
-PENDING_EXACT_UP_TO = 10_000
+PENDING_EXACT_UP_TO = 1_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,7 +183,7 @@ class QueueInfo:
     database time (None: none is due). paused_at / paused_by: since when and by whom the
     queue is paused (None when it is not, or when nobody was named). estimated: the
     statuses whose count is an estimate (on a large table: the finished ones, and PENDING
-    beyond 10,000; see docs/operations.md#counts-on-a-large-database); empty when every
+    beyond 1,000; see docs/operations.md#counts-on-a-large-database); empty when every
     count is exact.
     """
 

@@ -105,7 +105,7 @@ exact_option = click.option(
 #: Under a table with estimated counts (those shown with ESTIMATED before them).
 ESTIMATED = "~"
 ESTIMATE_NOTE = (
-    f"{ESTIMATED} estimated from a sample of the task table (finished tasks, and more than 10,000 "
+    f"{ESTIMATED} estimated from a sample of the task table (finished tasks, and more than 1,000 "
     "waiting in a queue); --exact counts every row"
 )
 

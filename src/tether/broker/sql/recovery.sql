@@ -3,7 +3,14 @@
 
 -- name: reaper_lock
 -- One reaper acts per tick across all workers; the others skip (lock held to COMMIT).
-SELECT pg_try_advisory_xact_lock(2122188290) AS acquired;
+-- For the rest of the tick's transaction: no parallel workers. Each of its statements
+-- reads a few hundred rows through partial indexes; with parallel workers allowed, the
+-- planner read every workflow step ever kept in parallel (stuck_steps: a parallel seq
+-- scan of tether_workflow_tasks, 66-160 ms with 55,000 steps on a busy 2-core machine)
+-- rather than the ENQUEUED ones through their index (31 ms), and starting workers costs
+-- milliseconds of its own.
+SELECT pg_try_advisory_xact_lock(2122188290) AS acquired,
+       set_config('max_parallel_workers_per_gather', '0', true) AS serial;
 
 -- name: expire_pending
 -- PENDING past good_until -> EXPIRED with TASK_EXPIRED. No attempt row: nothing ran.

@@ -48,7 +48,7 @@ export function countLink(href, n, estimated) {
 
 // Under a table that shows estimates.
 export const ESTIMATE_NOTE = "≈ estimated from a sample of the task table: finished tasks, and more than " +
-  "10,000 waiting in a queue. `tether status --exact` counts every row.";
+  "1,000 waiting in a queue. `tether status --exact` counts every row.";
 
 export function taskLink(id, text) {
   return link("#/task/" + encodeURIComponent(id), text || shortId(id), { class: "id", title: id });
