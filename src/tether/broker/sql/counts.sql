@@ -6,7 +6,7 @@
 -- (tether_tasks_claim_idx, tether_tasks_in_flight_status_idx), so this part costs as much as
 -- the live rows, never the history. The finished statuses (and a queue's PENDING beyond the
 -- bound) are counted in a sample of the table's pages (TABLESAMPLE SYSTEM) and scaled up:
--- a count(*) over ten million rows reads gigabytes, a sample of 2,000 pages reads 16 MB.
+-- a count(*) over ten million rows reads gigabytes, a sample of 1,000 pages reads 8 MB.
 -- When the sample's share is 100 % (a small table, or exact asked for) every page is read
 -- and every figure is exact.
 
