@@ -301,7 +301,8 @@ class StatementLog:
 
 LOOPS = {
     "write_heartbeats": "heartbeat",
-    "reaper_lock": "reaper tick",
+    "reaper_pass_due_in": "reaper tick",
+    "claim_reaper_pass": "reaper pass",
     "next_due_in": "reaper next_due_in",
     "claim_tasks": "claim poll",
     "(empty statement)": "pool check (empty statement)",

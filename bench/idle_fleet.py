@@ -1,4 +1,5 @@
-"""What an idle fleet of workers costs the database: ``python -m bench.idle_fleet [--workers N]``.
+"""What an idle (and a busy) fleet of workers costs the database: ``python -m bench.idle_fleet
+[--workers N] [--busy-rate TASKS_PER_S]``.
 
 Starts a private embedded PostgreSQL (in a temporary folder, with ``max_connections``
 raised for the fleet), a database in it, and N idle workers (``tether worker bench.apps:app
@@ -13,7 +14,14 @@ and a settling time has passed, it measures over one window (30 s by default):
   (``tests/wire_counter.py``: every Simple Query and every Sync), by connection kind
   (``application_name``); ``--no-proxy`` connects the workers directly and skips this
 - connections held, from ``pg_stat_activity``, by ``application_name``
+- statements executed and their execution time, by statement (``pg_stat_statements``,
+  loaded by the private server: ``shared_preload_libraries``), reset at the window's start
+- the reaper's passes in the window (``tether_reaper``, where the schema has it)
 - the workers' own CPU (main processes and children), as context
+
+With ``--busy-rate R`` it then measures a second window with tasks flowing: a producer
+thread in this process sends R no-op tasks per second (a ``send_many`` every 0.1 s) for
+the fleet to run, from ``--settle`` seconds before the window to its end.
 
 Every process it starts is stopped by its pid in a ``finally`` (SIGTERM to each worker,
 then SIGKILL to each worker's process group), the server through its postmaster's pid,
@@ -31,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -70,11 +79,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "start-up work ends, and psycopg prepares the claim on its 6th run on a connection",
     )
     parser.add_argument("--batch", type=int, default=10, help="workers started at once (default 10)")
+    parser.add_argument(
+        "--busy-rate",
+        type=float,
+        default=0.0,
+        help="also measure a busy window: this many no-op tasks sent per second (default 0: idle only)",
+    )
     parser.add_argument("--no-proxy", action="store_true", help="connect directly: no round trip count")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.batch < 1 or args.window <= 0 or args.settle < 0:
-        parser.error("--workers and --batch must be >= 1, --window > 0, --settle >= 0")
+    if args.workers < 1 or args.batch < 1 or args.window <= 0 or args.settle < 0 or args.busy_rate < 0:
+        parser.error("--workers and --batch must be >= 1, --window > 0, --settle and --busy-rate >= 0")
     return args
 
 
@@ -210,6 +225,76 @@ def backend_memory(admin: psycopg.Connection[Any]) -> tuple[int, int]:
     return len(pids), total
 
 
+def reset_statements(fleet_db: psycopg.Connection[Any]) -> None:
+    fleet_db.execute("SELECT pg_stat_statements_reset()")
+
+
+def statements(fleet_db: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Calls and execution time since the reset, of the fleet's database, by statement."""
+    rows = fleet_db.execute(
+        "SELECT query, calls, total_exec_time FROM pg_stat_statements"
+        " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND query NOT LIKE '%%pg_stat_statements%%' ORDER BY total_exec_time DESC"
+    ).fetchall()
+    top = [
+        {"statement": _statement_label(q), "calls": int(c), "exec_ms": round(float(t), 1)}
+        for q, c, t in rows[:12]
+    ]
+    return {
+        "calls": sum(int(r[1]) for r in rows),
+        "exec_ms": round(sum(float(r[2]) for r in rows), 1),
+        "top_by_exec_time": top,
+    }
+
+
+def _statement_label(query: str) -> str:
+    """A statement's first words, on one line (the .sql files' names are not sent)."""
+    return " ".join(query.split())[:90]
+
+
+def reaper_passes(fleet_db: psycopg.Connection[Any]) -> int | None:
+    """The fleet's reaper passes so far (tether_reaper, migration 13); None before that schema."""
+    if not fleet_db.execute("SELECT to_regclass('tether_reaper') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
+        return None
+    row = fleet_db.execute("SELECT passes FROM tether_reaper").fetchone()
+    return int(row[0]) if row else None
+
+
+class Producer:
+    """A thread that sends ``rate`` no-op tasks per second, a batch every 0.1 s, until stopped."""
+
+    def __init__(self, url: str, rate: float) -> None:
+        from bench.apps import make_app
+
+        self.app = make_app(url)
+        self.rate = rate
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench producer", daemon=True)
+
+    def start(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        noop = self.app.tasks["noop"]
+        owed, last = 0.0, time.monotonic()
+        while not self._stop.wait(0.1):
+            now = time.monotonic()
+            owed += (now - last) * self.rate
+            last = now
+            n = int(owed)
+            if n:
+                noop.send_many([() for _ in range(n)])
+                self.sent += n
+                owed -= n
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.app.close()
+
+
 def idle_workers(admin_db: psycopg.Connection[Any], pids: list[int]) -> int:
     """How many of these worker pids are registered, active, and wait for work."""
     row = admin_db.execute(
@@ -259,18 +344,26 @@ def measure(
     fleet: Fleet,
     postmaster: psutil.Process,
     admin: psycopg.Connection[Any],
+    fleet_db: psycopg.Connection[Any],
     proxy: WireCounter | None,
     window: float,
+    producer: Producer | None = None,
 ) -> dict[str, Any]:
     conns_before = connections(admin)
+    reset_statements(fleet_db)
+    passes0 = reaper_passes(fleet_db)
     busy_before = psutil.cpu_times()
     # Each reading with its own time: reading ~700 processes' CPU times takes a while.
     (db0, tdb0), (w0, tw0) = _timed(lambda: server_cpu_seconds(postmaster)), _timed(fleet.cpu_seconds)
     x0, at0 = transactions(admin)
     t0 = time.monotonic()
+    sent0 = producer.sent if producer else 0
     time.sleep(window)
     t1 = time.monotonic()
+    sent1 = producer.sent if producer else 0
     x1, at1 = transactions(admin)
+    stats = statements(fleet_db)
+    passes1 = reaper_passes(fleet_db)
     (db1, tdb1), (w1, tw1) = _timed(lambda: server_cpu_seconds(postmaster)), _timed(fleet.cpu_seconds)
     busy_after = psutil.cpu_times()
     fleet.check_alive()
@@ -291,6 +384,12 @@ def measure(
         "connections": sum(conns_after.values()),
         "backend_uss_mb": round(uss / 2**20, 1),
         "backend_uss_mb_each": round(uss / 2**20 / max(1, backends), 2),
+        "statements": stats["calls"],
+        "statements_per_s": round(stats["calls"] / elapsed, 2),
+        "statements_exec_ms": stats["exec_ms"],
+        "statements_top_by_exec_time": stats["top_by_exec_time"],
+        "reaper_passes": None if passes0 is None or passes1 is None else passes1 - passes0,
+        "tasks_sent": sent1 - sent0 if producer else None,
     }
     if proxy is not None:
         trips = proxy.round_trips(t0, t1)
@@ -317,10 +416,10 @@ def _busy_fraction(before: Any, after: Any) -> float:
     return (total - idle) / total if total > 0 else 0.0
 
 
-def report(r: dict[str, Any], info: dict[str, Any]) -> str:
+def report(r: dict[str, Any], info: dict[str, Any], label: str = "idle") -> str:
     n = r["workers"]
     lines = [
-        f"{n} idle workers (--processes 1, default settings), {r['window_s']:.1f} s window; "
+        f"{n} {label} workers (--processes 1, default settings), {r['window_s']:.1f} s window; "
         f"PostgreSQL {info['postgres']} (embedded, max_connections {info['max_connections']}); "
         f"{info['cpus']} CPUs; the whole machine was {r['machine_cpu_busy_pct']:.0f}% busy meanwhile",
         "",
@@ -334,6 +433,10 @@ def report(r: dict[str, Any], info: dict[str, Any]) -> str:
             lines.append(f"| &nbsp; of which `{kind}` | {per_s:.1f} | {per_s / n:.3f} |")
     lines += [
         f"| transactions/s | {r['transactions_per_s']:.1f} | {r['transactions_per_s'] / n:.3f} |",
+        f"| statements/s (pg_stat_statements) | {r['statements_per_s']:.1f} | "
+        f"{r['statements_per_s'] / n:.3f} |",
+        f"| statements' execution time, ms/s | {r['statements_exec_ms'] / r['window_s']:.2f} | "
+        f"{r['statements_exec_ms'] / r['window_s'] / n:.4f} |",
         f"| database server CPU, % of one core | {r['db_cpu_pct_of_one_core']:.1f} % | "
         f"{r['db_cpu_pct_of_one_core'] / n:.3f} % |",
         f"| connections | {r['connections']} | {r['connections'] / n:.2f} |",
@@ -344,6 +447,15 @@ def report(r: dict[str, Any], info: dict[str, Any]) -> str:
         "",
         "connections by application_name: "
         + ", ".join(f"{k} {v}" for k, v in r["connections_after"].items()),
+    ]
+    if r.get("reaper_passes") is not None:
+        lines.append(f"reaper passes in the window (tether_reaper): {r['reaper_passes']}")
+    if r.get("tasks_sent") is not None:
+        lines.append(f"tasks sent in the window: {r['tasks_sent']} ({r['tasks_sent'] / r['window_s']:.1f}/s)")
+    lines.append("statements by execution time: ")
+    lines += [
+        f"  {t['exec_ms']:9.1f} ms {t['calls']:7d} calls  {t['statement']}"
+        for t in r["statements_top_by_exec_time"]
     ]
     return "\n".join(lines)
 
@@ -368,10 +480,12 @@ def main(argv: list[str] | None = None) -> int:
         max_connections = max(200, CONNECTIONS_PER_WORKER * args.workers + 50)
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute(f"ALTER SYSTEM SET max_connections = {max_connections}")
+            conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
         server.restart()  # max_connections takes a restart
         url = server.create_database(DATABASE)
         with psycopg.connect(url, autocommit=True) as conn:
             migrate(conn)
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         if not args.no_proxy:
             proxy = WireCounter(url).start()
         fleet = Fleet(proxy.url if proxy else url, log_dir)
@@ -395,12 +509,30 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.settle)
             fleet.check_alive()
             postmaster = psutil.Process(server.pid)
-            result = measure(fleet, postmaster, admin, proxy, args.window)
+            with psycopg.connect(url, autocommit=True) as fleet_db:
+                result = measure(fleet, postmaster, admin, fleet_db, proxy, args.window)
+                busy: dict[str, Any] | None = None
+                if args.busy_rate:
+                    producer = Producer(url, args.busy_rate).start()
+                    try:
+                        print(
+                            f"busy: sending {args.busy_rate:g} tasks/s; settling for {args.settle:g} s",
+                            flush=True,
+                        )
+                        time.sleep(args.settle)
+                        busy = measure(fleet, postmaster, admin, fleet_db, proxy, args.window, producer)
+                    finally:
+                        producer.stop()
         result.update(
             info, stopped_short=short, worker_rss_mb=round(fleet.rss_bytes() / len(fleet.workers) / 2**20)
         )
         print()
         print(report(result, info))
+        if busy is not None:
+            busy.update(info)
+            result["busy"] = busy
+            print()
+            print(report(busy, info, f"busy ({args.busy_rate:g} tasks/s)"))
         if args.json:
             args.json.write_text(json.dumps(result, indent=2) + "\n")
             print(f"\nfigures written to {args.json}")

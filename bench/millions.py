@@ -270,22 +270,30 @@ def send(big: BenchDatabase, small: BenchDatabase, rounds: int, say: Callable[[s
 
 
 def reaper(db: BenchDatabase, repeat: int, say: Callable[[str], None]) -> dict[str, Any]:
-    """Ticks of a reaper with tether's defaults, in this process; each statement alone too."""
+    """Ticks of a reaper with tether's defaults, in this process, each one a pass (the fleet's
+    next pass made due first, untimed); each statement of a pass alone too."""
     with psycopg.connect(db.url, autocommit=True) as conn:
         millions_fill.refresh_in_flight(conn)
     config = AppConfig(broker=PostgresConfig(database_url=db.url))
-    reaper = Reaper(db.url, config, heartbeat_interval_s=config.recovery.runner_heartbeat_interval_ms / 1000)
+    reaper = Reaper(
+        db.url,
+        config,
+        heartbeat_interval_s=config.recovery.runner_heartbeat_interval_ms / 1000,
+        worker_id="bench-millions",
+    )
     ticks, first = [], 0.0
     try:
+        due_now(db)
         t0 = time.perf_counter()
-        reaper.run_once()  # the first tick also prunes (retention: nothing of the fill is old enough)
+        reaper.run_once()  # the first pass also prunes (retention: nothing of the fill is old enough)
         first = (time.perf_counter() - t0) * 1000
         for _ in range(max(repeat, 20)):
+            due_now(db)
             t0 = time.perf_counter()
             done, _wait = reaper.run_once()
             ticks.append((time.perf_counter() - t0) * 1000)
             if done is None:
-                raise RuntimeError("another reaper holds the lock: stop the workers on the bench database")
+                raise RuntimeError("another reaper did the pass: stop the workers on the bench database")
     finally:
         reaper.connection.close()
     statements = reaper_statements(db, repeat)
@@ -306,9 +314,14 @@ def reaper(db: BenchDatabase, repeat: int, say: Callable[[str], None]) -> dict[s
     }
 
 
+def due_now(db: BenchDatabase) -> None:
+    """The fleet's next reaper pass due now (tether_reaper, migration 13)."""
+    db.query("UPDATE tether_reaper SET next_pass_at = now() WHERE singleton RETURNING 1")
+
+
 def reaper_statements(db: BenchDatabase, repeat: int) -> list[Timing]:
-    """Each statement of a reaper's tick alone, after the tick's lock (and its settings), in a
-    transaction rolled back (nothing is stale)."""
+    """Each statement of a reaper's pass alone, after the pass's claim (and its settings), in
+    a transaction rolled back (nothing is stale)."""
     ms = timedelta(milliseconds=1)
     params: dict[str, dict[str, Any]] = {
         "expire_pending": {"limit": 500},
@@ -328,7 +341,10 @@ def reaper_statements(db: BenchDatabase, repeat: int) -> list[Timing]:
         for name, values in params.items():
             runs = []
             for _ in range(repeat + 1):
-                conn.execute(q("reaper_lock"))  # as in a tick: its transaction's settings
+                # As in a pass: claimed first, with the settings its transaction has.
+                conn.execute(
+                    q("claim_reaper_pass"), {"worker_id": "bench-millions", "check_interval": 30_000 * ms}
+                )
                 t0 = time.perf_counter()
                 cur = conn.execute(q(name), values)
                 if cur.description is not None:

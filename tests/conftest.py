@@ -31,10 +31,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.apps.support import machinery_url
+
 # The worker harness lives in tests/harness.py (the benchmarks use it too); tests import
 # these names from here.
 from tests.harness import REPO as REPO
 from tests.harness import WorkerProcess as WorkerProcess
+from tests.pgbouncer import PgBouncer, PoolMode
 
 # A run started as a background job of a shell without job control (`nohup ... &`, `cmd &` in a
 # script, some CI runners) inherits SIGINT ignored, and so would every process a test starts:
@@ -61,6 +64,9 @@ SMOKE_PATHS = ("unit", "seeds", "django")
 #: Folders of the tests that run against the external server too, less those marked
 #: server_agnostic: the tests whose outcome depends on PostgreSQL's version or configuration.
 SERVER_PATHS = ("integration", "chaos")
+#: Folders of the tests that the PgBouncer run (--subset pgbouncer, TETHER_TEST_PGBOUNCER=1)
+#: runs through PgBouncer, less those marked direct_only.
+PGBOUNCER_PATHS = ("integration",)
 TESTS = Path(__file__).resolve().parent
 
 
@@ -74,10 +80,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--subset",
-        choices=("all", "smoke", "server"),
+        choices=("all", "smoke", "server", "pgbouncer"),
         default="all",
         help="smoke: the smoke set (SMOKE_PATHS and @pytest.mark.smoke); server: the tests of "
-        "SERVER_PATHS not marked server_agnostic; all (default): every test",
+        "SERVER_PATHS not marked server_agnostic; pgbouncer: the tests of PGBOUNCER_PATHS not "
+        "marked direct_only; all (default): every test",
     )
 
 
@@ -97,10 +104,21 @@ def _kept(item: pytest.Item, phase: str, subset: str) -> bool:
         return _under(item, SMOKE_PATHS) or item.get_closest_marker("smoke") is not None
     if subset == "server":
         return _under(item, SERVER_PATHS) and item.get_closest_marker("server_agnostic") is None
+    if subset == "pgbouncer":
+        return _under(item, PGBOUNCER_PATHS) and item.get_closest_marker("direct_only") is None
     return True
 
 
+def _check_direct_only_reasons(items: list[pytest.Item]) -> None:
+    """Every direct_only test says why it cannot go through a pooler: the list stays justified."""
+    for item in items:
+        marker = item.get_closest_marker("direct_only")
+        if marker is not None and not (marker.args and isinstance(marker.args[0], str) and marker.args[0]):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.direct_only needs its reason")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _check_direct_only_reasons(items)
     phase, subset = config.getoption("--phase"), config.getoption("--subset")
     if phase == "parallel":
         _longest_modules_first(config, items)
@@ -202,6 +220,51 @@ def server_url() -> Iterator[str]:
     yield from _server_url()
 
 
+# -- through PgBouncer (tests/pgbouncer.py, docs/pgbouncer.md) --------------------------------
+#
+# TETHER_TEST_PGBOUNCER=1 (scripts/test's PgBouncer phase) routes tether in every test through
+# a PgBouncer in transaction mode that this process starts in front of its server: the
+# `database_url` fixture (and so TETHER_DATABASE_URL, which producers, workers and the
+# dashboard read) is the database's URL through PgBouncer, with TETHER_POOLER=transaction and
+# TETHER_LISTEN_URL the direct URL. The tests' own looks at the database (the `db` fixture,
+# the worker harness's) go directly (`direct_url`). Tests that cannot work through a pooler by
+# nature are marked `direct_only` with the reason, and left out of that run.
+
+PGBOUNCER_RUN = os.environ.get("TETHER_TEST_PGBOUNCER") == "1"
+
+
+class PgBouncers:
+    """This test process's PgBouncers, one per pool mode, each started on first use."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self._started: dict[str, PgBouncer] = {}
+
+    def __getitem__(self, pool_mode: PoolMode) -> PgBouncer:
+        if pool_mode not in self._started:
+            self._started[pool_mode] = PgBouncer.start(self.server_url, pool_mode)
+        return self._started[pool_mode]
+
+    def stop(self) -> None:
+        for bouncer in self._started.values():
+            bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncers(server_url: str) -> Iterator[PgBouncers]:
+    started = PgBouncers(server_url)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pgbouncers: PgBouncers) -> PgBouncer:
+    """A PgBouncer in transaction mode in front of this process's server."""
+    return pgbouncers["transaction"]
+
+
 def _with_dbname(server_url: str, name: str) -> str:
     """``server_url`` naming database ``name``, still a URL (PostgresConfig accepts only URLs)."""
     parts = urlsplit(server_url)
@@ -213,13 +276,12 @@ def _with_dbname(server_url: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def database_url(server_url: str) -> Iterator[str]:
+def direct_url(server_url: str) -> Iterator[str]:
+    """This process's test database, reached directly (never through PgBouncer)."""
     name = f"tether_test_{_process_name()}_{os.getpid()}_{secrets.token_hex(3)}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = _with_dbname(server_url, name)
-    old = os.environ.get("TETHER_DATABASE_URL")
-    os.environ["TETHER_DATABASE_URL"] = url
     from tether.db.migrate import migrate
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -227,13 +289,35 @@ def database_url(server_url: str) -> Iterator[str]:
     try:
         yield url
     finally:
-        if old is None:
-            os.environ.pop("TETHER_DATABASE_URL", None)
-        else:
-            os.environ["TETHER_DATABASE_URL"] = old
         _close_test_apps()
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def database_url(direct_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test database's URL as tether uses it (TETHER_DATABASE_URL): ``direct_url``, or in
+    the PgBouncer run the same database through this process's PgBouncer in transaction mode."""
+    # TETHER_TEST_DIRECT_URL: where the test apps' machinery connects (tests/apps/support.py).
+    settings = {"TETHER_DATABASE_URL": direct_url, "TETHER_TEST_DIRECT_URL": direct_url}
+    if PGBOUNCER_RUN:
+        bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+        settings |= {
+            "TETHER_DATABASE_URL": bouncer.url(urlsplit(direct_url).path.lstrip("/")),
+            "TETHER_POOLER": "transaction",
+            "TETHER_LISTEN_URL": direct_url,
+        }
+    old = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        yield settings["TETHER_DATABASE_URL"]
+    finally:
+        _close_test_apps()  # before their database goes, with the settings they were made with
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _close_test_apps() -> None:
@@ -251,11 +335,11 @@ def _close_test_apps() -> None:
 
 
 @pytest.fixture
-def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A clean database: every tether table emptied before the test."""
+def db(database_url: str, direct_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A clean database: every tether table emptied before the test (a direct connection)."""
     from psycopg.rows import dict_row
 
-    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+    with psycopg.connect(direct_url, autocommit=True, row_factory=dict_row) as conn:
         clean_tables(conn)
         yield conn
 
@@ -282,8 +366,10 @@ def clean_tables(conn: psycopg.Connection[Any]) -> None:
 class WorkerFactory:
     """Starts `tether worker` processes on the test database (tests/harness.py); kills them all at the end."""
 
-    def __init__(self, database_url: str, tmp: Path) -> None:
+    def __init__(self, database_url: str, tmp: Path, direct_url: str | None = None) -> None:
         self.database_url = database_url
+        # Where the harness looks: directly, also when the workers go through PgBouncer.
+        self.direct_url = direct_url or machinery_url(database_url)
         self.tmp = tmp
         self.started: list[WorkerProcess] = []
 
@@ -309,6 +395,7 @@ class WorkerFactory:
             },
             log_level="INFO",
             command=command,
+            check_url=self.direct_url,
         ).start()
         self.started.append(worker)
         if wait:
@@ -324,8 +411,8 @@ class WorkerFactory:
 
 
 @pytest.fixture
-def workers(database_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
-    factory = WorkerFactory(database_url, tmp_path)
+def workers(database_url: str, direct_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+    factory = WorkerFactory(database_url, tmp_path, direct_url)
     try:
         yield factory
     finally:

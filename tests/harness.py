@@ -55,6 +55,9 @@ class WorkerProcess:
     # The whole command line, instead of ``python -m tether worker APP_PATH ...`` (e.g. a
     # Django project's ``manage.py tether_worker``); ``app_path`` then only names it.
     command: Sequence[str] | None = None
+    # Where the harness itself looks at the database (None: database_url); a direct URL
+    # when the worker goes through PgBouncer (tests/pgbouncer.py).
+    check_url: str | None = None
     worker_id: str | None = None  # tether_workers.id, once wait_registered() saw the row
     started_at: float = 0.0  # time.perf_counter() just before Popen
     stopped: bool = False  # stop() or kill() ran: never signal this pid (or group) again
@@ -158,7 +161,7 @@ class WorkerProcess:
     # -- the database's view of it ------------------------------------------------------
 
     def _query(self, statement: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
+        with psycopg.connect(self.check_url or self.database_url, autocommit=True) as conn:
             return conn.execute(statement, params).fetchall()
 
     def _registered_id(self, conn: psycopg.Connection[Any]) -> str | None:
@@ -175,7 +178,7 @@ class WorkerProcess:
         sets and returns ``worker_id``.
         """
         deadline = time.monotonic() + timeout
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
+        with psycopg.connect(self.check_url or self.database_url, autocommit=True) as conn:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"worker exited with {self.proc.returncode}\n{self.log()}")
@@ -198,7 +201,7 @@ class WorkerProcess:
         worker's.
         """
         deadline = time.monotonic() + timeout
-        with psycopg.connect(self.database_url, autocommit=True) as conn:
+        with psycopg.connect(self.check_url or self.database_url, autocommit=True) as conn:
             while True:
                 self.check_alive()
                 worker_id = self._registered_id(conn)

@@ -2,7 +2,14 @@
 
 from tether.app import Tether
 from tether.broker.recovery import StaleTask
-from tether.config import AppConfig, PostgresConfig, RecoveryConfig, RetryPolicy, WorkerConfig
+from tether.config import (
+    AppConfig,
+    LoggingConfig,
+    PostgresConfig,
+    RecoveryConfig,
+    RetryPolicy,
+    WorkerConfig,
+)
 from tether.current import RunningTask, current_task
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
 from tether.progress import report_progress, report_progress_async
@@ -31,6 +38,7 @@ __all__ = [
     "AttemptInfo",
     "BulkRetry",
     "ErrorCode",
+    "LoggingConfig",
     "Node",
     "PostgresConfig",
     "QueueInfo",

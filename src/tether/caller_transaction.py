@@ -68,7 +68,7 @@ def run_in(
             f"({call.replace('()', '_async()')}), or lend a sync psycopg Connection"
         )
     _refuse_state(conn, call)
-    with borrowed(conn) as lent:
+    with borrowed(conn, prepare=broker.config.prepares_statements) as lent:
         theirs = _identities.get(conn)
         if theirs is None:
             theirs = _identities[conn] = database_identity(lent)
@@ -93,7 +93,7 @@ async def run_in_async(
     ours = broker.remembered_identity
     if ours is None:
         ours = await in_thread(broker.identity)
-    with borrowed_async(conn) as lent:
+    with borrowed_async(conn, prepare=broker.config.prepares_statements) as lent:
         theirs = _identities.get(conn)
         if theirs is None:
             theirs = _identities[conn] = await database_identity_async(lent)

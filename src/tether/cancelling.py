@@ -78,7 +78,7 @@ def cancel_task(broker: PostgresBroker, task_id: uuid.UUID, *, by: str | None = 
         if done.workflow_id is not None:
             workflow_id = done.workflow_id
             broker.run(lambda conn: engine.advance(conn, workflow_id, [task_id]))
-        log.info("task %s cancelled%s before it ran", task_id, who)
+        log.info("task %s cancelled%s before it ran", task_id, who, extra={"task_id": str(task_id)})
         return CancelAnswer(
             task_id,
             CancelReply.CANCELLED,
@@ -87,7 +87,13 @@ def cancel_task(broker: PostgresBroker, task_id: uuid.UUID, *, by: str | None = 
             done.cancel_requested_at,
             done.cancel_requested_by,
         )
-    log.info("task %s: cancel requested%s; it runs on worker %s", task_id, who, done.claimed_by_worker_id)
+    log.info(
+        "task %s: cancel requested%s; it runs on worker %s",
+        task_id,
+        who,
+        done.claimed_by_worker_id,
+        extra={"task_id": str(task_id), "worker_id": done.claimed_by_worker_id},
+    )
     return CancelAnswer(
         task_id,
         CancelReply.REQUESTED,

@@ -16,16 +16,33 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
 
-__all__ = ["AppConfig", "PostgresConfig", "RecoveryConfig", "RetryPolicy", "WorkerConfig", "mask_url"]
+__all__ = [
+    "AppConfig",
+    "LoggingConfig",
+    "PostgresConfig",
+    "RecoveryConfig",
+    "RetryPolicy",
+    "WorkerConfig",
+    "mask_url",
+]
 
-ERROR_CODE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+# The whole string must match: use fullmatch ("^...$" with match lets a final newline in).
+ERROR_CODE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 def _reject_bool(value: Any) -> Any:
@@ -144,6 +161,13 @@ class PostgresConfig(BaseSettings):
     )
 
     database_url: str | None = None
+    # What sits between tether and PostgreSQL (docs/pgbouncer.md). "transaction": a pooler in
+    # transaction mode (PgBouncer's pool_mode=transaction): no statement is prepared, no
+    # startup option is sent, and LISTEN goes only to listen_url (without one, workers and
+    # handles poll). "session": a pooler in session mode: only the startup options change.
+    pooler: Literal["none", "session", "transaction"] = "none"
+    # A direct (not pooled) URL for LISTEN connections only; None: the database_url.
+    listen_url: str | None = None
     pool_min_size: Int = Field(default=1, ge=0, le=100)
     pool_max_size: Int = Field(default=10, ge=1, le=200)
     connect_timeout_s: Float = Field(default=5.0, ge=0.1, le=300)
@@ -153,18 +177,48 @@ class PostgresConfig(BaseSettings):
     # acknowledged sends; nothing else changes. See docs/configuration.md#durable-sends.
     durable_sends: bool = True
 
-    @field_validator("database_url", mode="before")
+    @field_validator("database_url", "listen_url", mode="before")
     @classmethod
-    def _check_url(cls, value: Any) -> Any:
+    def _check_url(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
             value = value.strip()
             if not value:
                 return None  # TETHER_DATABASE_URL="" means "no URL": use the embedded server
             if not value.startswith(("postgresql://", "postgres://")):
                 raise ValueError(
-                    f"database_url must start with postgresql:// or postgres:// (got {mask_url(value)!r})"
+                    f"{info.field_name} must start with postgresql:// or postgres:// "
+                    f"(got {mask_url(value)!r})"
                 )
         return value
+
+    @field_validator("pooler", mode="before")
+    @classmethod
+    def _pooler_word(cls, value: Any) -> Any:
+        # TETHER_POOLER=Transaction or " transaction " from a shell: the same mode.
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _pooler_needs_a_server(self) -> PostgresConfig:
+        # The embedded server is reached directly, never through a pooler: either setting
+        # without a database_url is a mistake (a URL set under another variable name).
+        if self.database_url is None and self.pooler != "none":
+            raise ValueError(
+                f"pooler is {self.pooler!r} but database_url is not set: the embedded server has no "
+                "pooler in front of it. Set database_url (TETHER_DATABASE_URL) to the pooler's URL"
+            )
+        if self.database_url is None and self.listen_url is not None:
+            raise ValueError(
+                f"listen_url is set ({mask_url(self.listen_url)!r}) but database_url is not: listen_url "
+                "is the direct URL of the server behind the pooler that database_url "
+                "(TETHER_DATABASE_URL) names"
+            )
+        if self.pooler == "transaction" and self.listen_url == self.database_url:
+            raise ValueError(
+                "listen_url is the same URL as database_url, the transaction pooler's: LISTEN does not "
+                "work through a transaction pooler. Give listen_url a direct URL to PostgreSQL, or "
+                "leave it unset to poll (docs/pgbouncer.md)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pool_sizes(self) -> PostgresConfig:
@@ -179,10 +233,19 @@ class PostgresConfig(BaseSettings):
         """The URL safe to print (password as ``***``), or None for the embedded server."""
         return None if self.database_url is None else mask_url(self.database_url)
 
+    @property
+    def prepares_statements(self) -> bool:
+        """Whether tether's connections may prepare statements (psycopg does so by itself for a
+        statement run often): not through a transaction pooler, whose next transaction may run
+        on another server session, one that lacks the statement or has another of that name."""
+        return self.pooler != "transaction"
+
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        # repr() ends up in logs and tracebacks: show the URL masked.
+        # repr() ends up in logs and tracebacks: show the URLs masked.
         for name, value in super().__repr_args__():
-            yield (name, self.masked_url) if name == "database_url" else (name, value)
+            if name in ("database_url", "listen_url") and isinstance(value, str):
+                value = mask_url(value)
+            yield name, value
 
 
 class WorkerConfig(BaseSettings):
@@ -226,6 +289,28 @@ class WorkerConfig(BaseSettings):
 
 PREFETCH_PER_PROCESS = 4
 
+#: How log lines are written: ``human`` (the default) or ``json``, one object a line.
+LogFormat = Literal["human", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("human", "json")
+
+
+class LoggingConfig(BaseSettings):
+    """How a worker's processes and the dashboard write log lines (docs/configuration.md#log-format)."""
+
+    model_config = SettingsConfigDict(env_prefix="TETHER_LOG_", frozen=True, extra="forbid")
+
+    format: LogFormat = "human"  # TETHER_LOG_FORMAT; `--log-format` overrides it
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _known_format(cls, value: Any) -> Any:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in LOG_FORMATS:
+            raise ValueError(
+                f"log format (TETHER_LOG_FORMAT) must be one of {', '.join(LOG_FORMATS)}, got {value!r}"
+            )
+        return text
+
 
 def _normalise_codes(value: Any) -> Any:
     if isinstance(value, str):
@@ -234,7 +319,7 @@ def _normalise_codes(value: Any) -> Any:
         return value  # let pydantic report the type error
     codes: list[Any] = []
     for code in value:
-        if not isinstance(code, str) or not ERROR_CODE_RE.match(code):
+        if not isinstance(code, str) or not ERROR_CODE_RE.fullmatch(code):
             raise ValueError(
                 f"auto_retry_for: {code!r} is not an error code; use an ErrorCode "
                 "or a string of 1-100 characters from A-Z a-z 0-9 _ . : -"
@@ -383,6 +468,9 @@ class AppConfig(BaseSettings):
         default_factory=RecoveryConfig
     )
     worker: Annotated[WorkerConfig, _settings_from_dict(WorkerConfig)] = Field(default_factory=WorkerConfig)
+    logging: Annotated[LoggingConfig, _settings_from_dict(LoggingConfig)] = Field(
+        default_factory=LoggingConfig
+    )
     queues: QueueList = Field(default_factory=lambda: ["default"])
     default_queue: str = "default"
     # How often TaskHandle.get re-reads the row when no notification arrives.

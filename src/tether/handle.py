@@ -64,6 +64,9 @@ class TaskHandle(Generic[T]):
             raise _not_found(self.id)
         return info
 
+    async def info_async(self) -> TaskInfo:
+        return await in_thread(self.info)
+
     def cancel(self, *, by: str | None = None) -> CancelReply:
         """Cancel the task, whatever it is doing (docs/tasks.md#cancelling-a-running-task).
 

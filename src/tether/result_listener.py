@@ -3,6 +3,8 @@
 One background thread per process LISTENs on 'tether_done' and wakes the waiter
 for that task id. Waiters also re-read the row every result_poll_interval_ms,
 so a lost notification (connection drop, server restart) only delays a result.
+Behind a transaction pooler with no listen_url (docs/pgbouncer.md) nothing listens:
+waiters find their result by that poll alone.
 How a handle waits with it is in result_wait.py.
 """
 
@@ -33,6 +35,8 @@ class ResultListener:
     def subscribe(self, task_id: str, wake: Wake) -> None:
         with self._lock:
             self._waiters.setdefault(task_id, []).append(wake)
+            if self._broker.listen_url is None:
+                return  # behind a transaction pooler with no listen_url: the waiter polls
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
                 self._thread = threading.Thread(target=self._run, name="tether-result-listener", daemon=True)
@@ -56,7 +60,7 @@ class ResultListener:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                with self._broker.connect() as conn:
+                with self._broker.connect_listener() as conn:
                     notifications.listen(conn, notifications.DONE_CHANNEL)
                     self.listening.set()
                     # What finished before LISTEN took effect notified nobody (the first

@@ -409,4 +409,10 @@ def _shown(wanted: RetryFilter) -> str:
 
 
 def _log_one(answer: RetryAnswer, by: str | None) -> None:
-    log.info("task %s: retry asked by %s: %s", answer.task_id, by or "unknown", answer.reason)
+    log.info(
+        "task %s: retry asked by %s: %s",
+        answer.task_id,
+        by or "unknown",
+        answer.reason,
+        extra={"task_id": str(answer.task_id)},
+    )

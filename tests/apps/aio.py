@@ -87,3 +87,10 @@ def double(value: int, token: str = "") -> TaskResult[int, TaskError]:
     if token:
         ledger(token)
     return TaskResult(ok=value * 2)
+
+
+@app.task("sync_nap")
+def sync_nap(seconds: float) -> int:
+    """A sync task that holds its child a while: each of two sent together gets a child."""
+    time.sleep(seconds)
+    return os.getpid()

@@ -18,6 +18,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
+from tests.apps.support import machinery_url
 from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
 
 app = Tether(AppConfig(queues=["default", "images", "low"]))
@@ -45,9 +46,7 @@ def _ledger_connection() -> psycopg.Connection[tuple[object, ...]]:
             return conn
         except psycopg.OperationalError:
             conn.close()
-    conn = psycopg.connect(
-        os.environ["TETHER_DATABASE_URL"], autocommit=True, application_name="tether-test-ledger"
-    )
+    conn = psycopg.connect(machinery_url(), autocommit=True, application_name="tether-test-ledger")
     # Concurrent CREATE TABLE IF NOT EXISTS can still collide in the catalog: the loser
     # finds the table there (tests also create it up front, before starting workers).
     with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):

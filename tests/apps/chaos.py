@@ -19,6 +19,7 @@ import uuid
 
 import psycopg
 
+from tests.apps.support import machinery_url
 from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
 
 LEDGER_DDL = (
@@ -40,7 +41,7 @@ def _connection() -> psycopg.Connection[tuple[object, ...]]:
     global _conn
     if _conn is None or _conn.closed:
         _conn = psycopg.connect(
-            os.environ["TETHER_DATABASE_URL"],
+            machinery_url(),
             autocommit=True,
             connect_timeout=5,
             application_name="tether-chaos-ledger",

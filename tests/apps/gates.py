@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import psycopg
 
 from tests.apps.basic import ledger
+from tests.apps.support import machinery_url
 from tether import AppConfig, TaskError, TaskResult, Tether, report_progress, report_progress_async
 
 app = Tether(AppConfig(queues=["default"]))
@@ -27,9 +27,7 @@ app = Tether(AppConfig(queues=["default"]))
 
 def wait_for_gate(key: int) -> None:
     """Block until the test lets gate ``key`` go (its exclusive advisory lock is released)."""
-    with psycopg.connect(
-        os.environ["TETHER_DATABASE_URL"], autocommit=True, application_name="tether-test-gate"
-    ) as conn:
+    with psycopg.connect(machinery_url(), autocommit=True, application_name="tether-test-gate") as conn:
         conn.execute("SELECT pg_advisory_lock_shared(%s)", (key,))
         conn.execute("SELECT pg_advisory_unlock_shared(%s)", (key,))
 
@@ -52,7 +50,7 @@ class Gate:
 def hold_gate(database_url: str, key: int) -> Iterator[Gate]:
     """For the test: gate ``key`` stays closed until ``gate.open()``; opened at the end of the block
     whatever happens, so a failing test never leaves a task (and its worker) waiting."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with psycopg.connect(machinery_url(database_url), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (key,))
         gate = Gate(conn, key)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -11,6 +12,20 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+
+
+def machinery_url(url: str | None = None) -> str:
+    """Where the tests' machinery (ledgers, gates) connects: ``url`` (default the test database's
+    TETHER_DATABASE_URL), or the same database directly (TETHER_TEST_DIRECT_URL) when that is
+    the URL tether uses through PgBouncer: the machinery holds session locks and repeats
+    statements, which a transaction pooler would break, and it observes tether, not tested."""
+    tether = os.environ.get("TETHER_DATABASE_URL")
+    direct = os.environ.get("TETHER_TEST_DIRECT_URL")
+    if direct and (url is None or url == tether):
+        return direct
+    found = url or tether
+    assert found, "no test database: the database_url fixture sets TETHER_DATABASE_URL"
+    return found
 
 
 def load_app_module(name: str, database_url: str) -> ModuleType:
@@ -36,7 +51,8 @@ def ensure_ledger(conn: psycopg.Connection[Any]) -> None:
 
 
 def connect(database_url: str) -> psycopg.Connection[dict[str, Any]]:
-    return psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+    """A connection for the test's own looks: directly, also when tether goes through PgBouncer."""
+    return psycopg.connect(machinery_url(database_url), autocommit=True, row_factory=dict_row)
 
 
 @contextmanager

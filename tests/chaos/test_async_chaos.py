@@ -474,7 +474,7 @@ def test_cutting_the_async_child_s_connections_records_each_outcome_once(
             message=f"progress after {len(blows)} blow(s)",
         )
     assert len(blows) >= 10, blows  # the blows landed all through the run
-    assert set(blows) == {"tether-worker"}, blows  # on the child's recorder, only
+    assert set(blows) == {"tether-child"}, blows  # on the child's recorder, only
 
     wait_all(db, ids, TERMINAL, timeout=30)
     # Each blow is felt once, by a write that is retried. A cut that lands just after its

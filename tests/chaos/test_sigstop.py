@@ -179,16 +179,18 @@ def test_a_worker_hung_in_the_middle_of_a_reaper_tick_does_not_stop_recovery(
         message="A to run one task and hold one CLAIMED",
     )
 
-    # Catch A's reaper inside its tick: a brief table lock makes its first statement wait
-    # while it holds the reaper lock; A is stopped right then, and the table lock released.
+    # Catch A's reaper inside its pass: a brief table lock makes its first write wait while
+    # it holds the reaper lock; A is stopped right then, and the table lock released. SHARE
+    # mode stops writes only: the scheduler, which takes turns with the reaper on one
+    # connection, reads tether_tasks and must not be the one caught waiting.
     with psycopg.connect(database_url) as blocker:
-        blocker.execute("LOCK TABLE tether_tasks IN ACCESS EXCLUSIVE MODE")
+        blocker.execute("LOCK TABLE tether_tasks IN SHARE MODE")
         holder = wait_until(
             lambda: db.execute(LOCK_HOLDER, (REAPER_LOCK_KEY,)).fetchone(),
             timeout=10,
             message="A's reaper to take the reaper lock",
         )
-        assert holder["application_name"] == "tether-reaper", holder
+        assert holder["application_name"] == "tether-maintenance", holder
         os.killpg(a.pid, signal.SIGSTOP)
         stopped_groups.append(a.pid)
         blocker.rollback()

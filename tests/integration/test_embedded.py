@@ -37,7 +37,13 @@ from tether.errors import EmbeddedServerError
 
 # Left out of the external-server run (--subset server, tests/conftest.py):
 # the embedded server's own tests: they start servers of their own.
-pytestmark = pytest.mark.server_agnostic
+pytestmark = [
+    pytest.mark.server_agnostic,
+    pytest.mark.direct_only(
+        "tests the embedded server itself, on servers it starts and stops: no test database URL "
+        "of it could go through a pooler"
+    ),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 

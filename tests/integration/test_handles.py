@@ -57,6 +57,12 @@ async def test_async_send_get_status_cancel(basic: ModuleType, worker: WorkerPro
     result = await handle.get_async(timeout=WAIT)
     assert result.ok == 42
     assert await handle.status_async() is TaskStatus.COMPLETED
+    info = await handle.info_async()
+    assert (info.id, info.status, [a.outcome for a in info.attempts]) == (
+        handle.id,
+        TaskStatus.COMPLETED,
+        ["COMPLETED"],
+    )
     assert await handle.cancel_async() is CancelReply.ALREADY_ENDED
 
     waiting = await basic.add.with_options(queue="low").send_async(1, 1)

@@ -84,6 +84,10 @@ def settled(db: psycopg.Connection[Any], since: Any) -> bool:
 
 
 @pytest.mark.timing
+@pytest.mark.direct_only(
+    "counts the round trips between a worker and its server through a proxy of its own, in "
+    "place of any pooler"
+)
 def test_idle_round_trips_of_a_worker_counted_over_10_s(
     db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory
 ) -> None:
@@ -101,7 +105,7 @@ def test_idle_round_trips_of_a_worker_counted_over_10_s(
         names = {t.application_name for t in trips}
         quiet = all(time.monotonic() - t.at > 0.5 for t in trips if t.application_name != "tether-worker")
         prepared = any(t.prepares and t.application_name == "tether-worker" for t in trips)
-        return {"tether-heartbeat", "tether-reaper"} <= names and quiet and prepared
+        return {"tether-heartbeat", "tether-maintenance"} <= names and quiet and prepared
 
     wait_until(steady, timeout=30, interval=0.05, message="the worker's start-up round trips to end")
 
@@ -119,6 +123,10 @@ def test_idle_round_trips_of_a_worker_counted_over_10_s(
     print(f"\n{breakdown}")
 
 
+@pytest.mark.direct_only(
+    "ends the server session under a client and expects the client to see it: behind PgBouncer "
+    "the session it ends is PgBouncer's, and no client is attached to it between transactions"
+)
 def test_a_worker_claims_and_runs_after_its_pooled_connections_died_while_idle(
     db: psycopg.Connection[Any], workers: WorkerFactory, basic: Any
 ) -> None:
@@ -161,6 +169,10 @@ def test_a_worker_claims_and_runs_after_its_pooled_connections_died_while_idle(
     print(f"\n{warnings[0]}")
 
 
+@pytest.mark.direct_only(
+    "ends the server session under a client and expects the client to see it: behind PgBouncer "
+    "the session it ends is PgBouncer's, and no client is attached to it between transactions"
+)
 async def test_a_statement_on_a_dead_pooled_connection_runs_again_on_another(
     db: psycopg.Connection[Any], database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -27,7 +27,7 @@ from rich.console import Console
 
 import tether.cli
 import tether.cli.common
-from tests.apps.support import db_now, task_row
+from tests.apps.support import db_now, machinery_url, task_row
 from tests.cli_support import run, run_json, tether_command
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tether import QueueInfo, TaskStatus
@@ -271,7 +271,7 @@ def test_a_pause_gives_back_claimed_tasks_no_child_was_handed(
 
 
 def test_pause_and_resume_notify_the_workers_channels(basic: ModuleType, database_url: str, db: Conn) -> None:
-    with psycopg.connect(database_url, autocommit=True) as listener:
+    with psycopg.connect(machinery_url(database_url), autocommit=True) as listener:
         listener.execute("LISTEN tether_control; LISTEN tether_work")
         assert basic.app.pause_queue("low", by="me") is True
         assert basic.app.pause_queue("low", by="me") is False  # no change, no notification
@@ -288,7 +288,7 @@ def test_pause_and_resume_notify_the_workers_channels(basic: ModuleType, databas
 
 def test_bad_input_is_refused_and_changes_nothing(basic: ModuleType, database_url: str, db: Conn) -> None:
     broker = basic.app.broker
-    with psycopg.connect(database_url, autocommit=True) as listener:
+    with psycopg.connect(machinery_url(database_url), autocommit=True) as listener:
         listener.execute("LISTEN tether_control; LISTEN tether_work")
         for bad in ["", " ", "images\n", "a/b", "x" * 65]:
             with pytest.raises(InvalidOptionError, match=r"^queue must be a queue name: .*; got "):

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import connect, load_app_module, prepared_insert
+from tests.apps.support import connect, load_app_module, machinery_url, prepared_insert
 from tests.conftest import WorkerFactory, wait_until
 from tether.broker.queries import q
 from tether.broker.worker_pool import WorkerPool
@@ -39,7 +39,8 @@ def basic(database_url: str, db: psycopg.Connection[Any]) -> Any:
 
 @pytest.fixture
 def listener(database_url: str, db: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    # The test's own LISTEN: directly, also when tether goes through PgBouncer.
+    with psycopg.connect(machinery_url(database_url), autocommit=True) as conn:
         conn.execute("LISTEN tether_work")
         yield conn
 

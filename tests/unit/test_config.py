@@ -240,6 +240,50 @@ def test_postgres_url_from_env_and_masking(monkeypatch: pytest.MonkeyPatch) -> N
     assert PostgresConfig().database_url is None
 
 
+POOLED = "postgresql://app:hunter2@pgbouncer.internal:6432/app"
+DIRECT = "postgresql://app:hunter2@db.internal:5432/app"
+
+
+def test_pooler_default_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (PostgresConfig().pooler, PostgresConfig().listen_url) == ("none", None)
+    assert PostgresConfig().prepares_statements is True
+    monkeypatch.setenv("TETHER_DATABASE_URL", POOLED)
+    monkeypatch.setenv("TETHER_POOLER", " Transaction ")
+    monkeypatch.setenv("TETHER_LISTEN_URL", DIRECT)
+    config = PostgresConfig()
+    assert (config.pooler, config.listen_url, config.prepares_statements) == ("transaction", DIRECT, False)
+    assert "hunter2" not in repr(config) and "db.internal" in repr(config)
+    assert PostgresConfig(pooler="session").prepares_statements is True
+    monkeypatch.setenv("TETHER_LISTEN_URL", "")
+    assert PostgresConfig().listen_url is None
+
+
+def test_pooler_rejects_an_unknown_mode() -> None:
+    message = _fails(PostgresConfig, "pooler", database_url=POOLED, pooler="statement")
+    assert "'none', 'session' or 'transaction'" in message
+
+
+def test_listen_url_must_be_a_postgres_url_and_is_masked() -> None:
+    message = _fails(PostgresConfig, "listen_url", database_url=POOLED, listen_url="redis://u:hunter2@h/0")
+    assert "hunter2" not in message and "listen_url must start with postgresql://" in message
+
+
+@pytest.mark.parametrize("field", ["pooler", "listen_url"])
+def test_pooler_settings_need_a_database_url(field: str) -> None:
+    value = "transaction" if field == "pooler" else DIRECT
+    message = _fails(PostgresConfig, field, **_one(field, value))
+    assert "database_url" in message and "hunter2" not in message
+
+
+def test_listen_url_must_not_be_the_transaction_pooler() -> None:
+    message = _fails(
+        PostgresConfig, "listen_url", database_url=POOLED, pooler="transaction", listen_url=POOLED
+    )
+    assert "direct URL" in message and "hunter2" not in message
+    # Through a session pooler (or none) LISTEN works on the same URL: allowed.
+    assert PostgresConfig(database_url=POOLED, pooler="session", listen_url=POOLED).listen_url == POOLED
+
+
 @pytest.mark.parametrize(
     ("url", "masked"),
     [
@@ -393,7 +437,7 @@ def test_exponential_cap_must_cover_base() -> None:
     assert RetryPolicy.fixed(7_200, max_retries=1, auto_retry_for=["X"]).delay_seconds(1) > 3_600
 
 
-@pytest.mark.parametrize("codes", [[], set(), ["bad code"], [""], ["x" * 101], [1], None, 5])
+@pytest.mark.parametrize("codes", [[], set(), ["bad code"], [""], ["x" * 101], [1], None, 5, ["TRANSIENT\n"]])
 def test_auto_retry_for_rejected(codes: Any) -> None:
     message = _fails(_policy, "auto_retry_for", auto_retry_for=codes)
     if codes == []:

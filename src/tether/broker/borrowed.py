@@ -4,7 +4,7 @@ The caller's connection stays the caller's: tether never commits, rolls back or 
 it. Its row and cursor factories may be anything (tuples, a framework's own cursor
 class), so while tether's statements run on it they are set to what the broker's
 functions read (dict rows, psycopg's plain server-side-binding cursor) and put back
-afterwards, whatever happens.
+afterwards, whatever happens; behind a transaction pooler, so is its prepare_threshold.
 """
 
 from __future__ import annotations
@@ -47,28 +47,34 @@ def lent_state(conn: CallerConn | AsyncCallerConn) -> LentState:
 
 
 @contextmanager
-def borrowed(conn: CallerConn) -> Iterator[Conn]:
-    """The caller's connection, reading dict rows through psycopg's own cursor, for a moment."""
-    with _factories(conn, psycopg.Cursor):
+def borrowed(conn: CallerConn, *, prepare: bool = True) -> Iterator[Conn]:
+    """The caller's connection, reading dict rows through psycopg's own cursor, for a moment.
+
+    ``prepare`` False (tether behind a transaction pooler): tether's statements run unprepared
+    on it, whatever its ``prepare_threshold``, which is put back afterwards.
+    """
+    with _factories(conn, psycopg.Cursor, prepare):
         yield cast(Conn, conn)
 
 
 @contextmanager
-def borrowed_async(conn: AsyncCallerConn) -> Iterator[AsyncConn]:
+def borrowed_async(conn: AsyncCallerConn, *, prepare: bool = True) -> Iterator[AsyncConn]:
     """As borrowed, for an async connection (setting the factories does no I/O)."""
-    with _factories(conn, psycopg.AsyncCursor):
+    with _factories(conn, psycopg.AsyncCursor, prepare):
         yield cast(AsyncConn, conn)
 
 
 @contextmanager
-def _factories(conn: Any, cursor_factory: Any) -> Iterator[None]:
-    saved = (conn.row_factory, conn.cursor_factory)
+def _factories(conn: Any, cursor_factory: Any, prepare: bool) -> Iterator[None]:
+    saved = (conn.row_factory, conn.cursor_factory, conn.prepare_threshold)
     conn.row_factory = dict_row
     conn.cursor_factory = cursor_factory
+    if not prepare:
+        conn.prepare_threshold = None
     try:
         yield
     finally:
-        conn.row_factory, conn.cursor_factory = saved
+        conn.row_factory, conn.cursor_factory, conn.prepare_threshold = saved
 
 
 def is_sync_connection(value: object) -> TypeGuard[CallerConn]:

@@ -35,7 +35,7 @@ from tether.broker.identity import DatabaseIdentity, database_identity
 from tether.broker.manual_recovery import Rules, check_positive
 from tether.broker.recovery import StaleTask
 from tether.config import PostgresConfig
-from tether.db.connection import connect, connect_kwargs, resolve_database_url, unreachable
+from tether.db.connection import connect, connect_kwargs, listen_url, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
 
 log = logging.getLogger("tether.broker")
@@ -87,6 +87,19 @@ class PostgresBroker:
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Row]:
         """A dedicated connection (for listeners and worker children), not from the pool."""
         return connect(self.url, self.config, autocommit=autocommit)
+
+    @property
+    def listen_url(self) -> str | None:
+        """Where this app LISTENs (db/connection.py listen_url); None: behind a transaction
+        pooler with no listen_url, where waiting for a result polls instead."""
+        return listen_url(self.config, self.url)
+
+    def connect_listener(self) -> psycopg.Connection[Row]:
+        """A dedicated connection to LISTEN on; only when ``listen_url`` is not None."""
+        url = self.listen_url
+        if url is None:
+            raise RuntimeError("no LISTEN behind a transaction pooler without PostgresConfig.listen_url")
+        return connect(url, self.config)
 
     def _forget_if_forked(self) -> None:
         if os.getpid() != self._pid:

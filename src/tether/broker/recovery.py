@@ -27,6 +27,7 @@ from tether.broker.queries import q
 from tether.broker.types import Conn
 from tether.broker.workflows import prune_workflows
 from tether.config import RecoveryConfig
+from tether.log_fields import about_task
 from tether.result import TaskStatus
 
 log = logging.getLogger("tether.recovery")
@@ -43,6 +44,7 @@ class RequeuedTask:
     attempt: int
     claimed_by_worker_id: str
     silent_s: float  # seconds since the claim or the claimer's last heartbeat for it
+    queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +61,8 @@ class CrashedTask:
     claimed_by_worker_id: str
     silent_s: float  # seconds since the start or the runner's last heartbeat
     retry_delay_s: float | None
-    settled: TaskStatus = TaskStatus.FAILED  # PENDING (a retry), FAILED or CANCELLED
+    settled: TaskStatus  # PENDING (a retry), FAILED or CANCELLED
+    queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +136,6 @@ def _ms(value: int | float) -> timedelta:
     return timedelta(milliseconds=value)
 
 
-def take_reaper_lock(conn: Conn) -> bool:
-    """In the caller's transaction: True if this reaper may act this tick (held to COMMIT)."""
-    row = conn.execute(q("reaper_lock")).fetchone()
-    return bool(row and row["acquired"])
-
-
 def expire_pending(conn: Conn, limit: int = BATCH) -> int:
     row = conn.execute(q("expire_pending"), {"limit": limit}).fetchone()
     return int(row["expired"]) if row else 0
@@ -151,7 +148,8 @@ def requeue_stale_claimed(
         q("requeue_stale_claimed"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
     ).fetchall()
     requeued = [
-        RequeuedTask(r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], r["silent_s"]) for r in rows
+        RequeuedTask(r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], r["silent_s"], r["queue"])
+        for r in rows
     ]
     for task in [] if quiet else requeued:
         log.warning(
@@ -162,6 +160,7 @@ def requeue_stale_claimed(
             task.attempt,
             task.claimed_by_worker_id,
             task.silent_s,
+            extra=about_task(task, task.claimed_by_worker_id),
         )
     return requeued
 
@@ -204,6 +203,7 @@ def recover_stale_running(
                 row["silent_s"],
                 outcome.retry_delay_s if settled is TaskStatus.PENDING else None,
                 settled,
+                row["queue"],
             )
             (retried if settled is TaskStatus.PENDING else failed).append(task)
             if quiet:
@@ -220,6 +220,7 @@ def recover_stale_running(
                 else "CANCELLED (its cancel had been requested)"
                 if settled is TaskStatus.CANCELLED
                 else "FAILED with WORKER_CRASHED",
+                extra=about_task(task, task.claimed_by_worker_id),
             )
     return retried, failed
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import cast
 
 import click
 
 from tether.app import Tether
 from tether.cli import (
     cancel,
+    common,
     dashboard,
     demo,
+    health,
     migrate,
     queues,
     recovery,
@@ -27,8 +30,9 @@ from tether.cli import (
     workers,
     workflows,
 )
-from tether.config import AppConfig
+from tether.config import AppConfig, LogFormat, LoggingConfig
 from tether.errors import TetherError
+from tether.log_setup import setup_logging
 
 
 @click.group()
@@ -38,15 +42,18 @@ from tether.errors import TetherError
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def cli(log_level: str) -> None:
+@common.log_format_option
+def cli(log_level: str, log_format: str | None) -> None:
     """tether: durable background tasks on PostgreSQL."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # TETHER_LOG_FORMAT is read (and checked) here; a worker's app config may still set it.
+    setup_logging(log_level.upper(), cast(LogFormat, log_format) if log_format else LoggingConfig().format)
 
 
 for command in (
     workers.worker,
     migrate.migrate,
     status.status,
+    health.health,
     dashboard.dashboard,
     workers.workers,
     tasks.tasks,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import click
 from rich.console import Console
@@ -23,8 +24,9 @@ from rich.text import Text
 
 from tether.broker import PostgresBroker
 from tether.broker.workers import WorkerSummary
-from tether.config import AppConfig, PostgresConfig
+from tether.config import LOG_FORMATS, AppConfig, LogFormat, PostgresConfig
 from tether.errors import InvalidOptionError
+from tether.log_setup import setup_logging
 from tether.names import MAX_BY_LENGTH, check_by, check_queue_name, check_task_name
 from tether.result import StepStatus, TaskStatus, WorkflowStatus
 
@@ -37,6 +39,13 @@ db_option = click.option(
     help="PostgreSQL URL (default: TETHER_DATABASE_URL, else the embedded server).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS, case_sensitive=False),
+    default=None,
+    help="How log lines are written: human, or json (one JSON object per line) "
+    "[default: TETHER_LOG_FORMAT, else human].",
+)
 app_option = click.option(
     "--app",
     "app_path",
@@ -73,6 +82,14 @@ def load_config(database_url: str | None, app_path: str | None = None) -> AppCon
     if database_url:
         config = config.model_copy(update={"broker": PostgresConfig(database_url=database_url)})
     return config
+
+
+def apply_log_format(given: str | None, config: AppConfig) -> None:
+    """Log in the format a long-running command was asked for: its own --log-format, else the
+    tether group's, else the app's ``config.logging.format`` (TETHER_LOG_FORMAT by default)."""
+    group = click.get_current_context().find_root().params.get("log_format")
+    chosen = cast(LogFormat, given or group or config.logging.format)
+    setup_logging(logging.getLogger().getEffectiveLevel(), chosen)
 
 
 def open_broker(database_url: str | None, app_path: str | None = None) -> PostgresBroker:

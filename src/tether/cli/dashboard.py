@@ -40,6 +40,7 @@ from tether.cli import common
     "repeatable. Always answered: localhost, 127.0.0.1, [::1] and the --host address. Beyond "
     "loopback without this option, any Host is answered (the token guards every read).",
 )
+@common.log_format_option
 def dashboard(
     database_url: str | None,
     app_path: str | None,
@@ -48,6 +49,7 @@ def dashboard(
     token: str | None,
     token_file: str | None,
     allowed_hosts: tuple[str, ...],
+    log_format: str | None,
 ) -> None:
     """A web page of tasks, workflows, queues and workers; with a token, it can act on them."""
     from tether.web.auth import READ_ONLY_NOTE, TokenError, is_loopback, read_token
@@ -67,6 +69,7 @@ def dashboard(
             "listen on 127.0.0.1 and reach it through an SSH tunnel"
         )
     config = common.load_config(database_url, app_path)
+    common.apply_log_format(log_format, config)
     broker = common.open_broker(database_url, app_path)
     _ = broker.url  # connects and checks the schema now: an unreachable database fails here, named
     try:

@@ -56,6 +56,7 @@ from tether.worker_options import worker_config
     "before its process is killed (default 5).",
 )
 @click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
+@common.log_format_option
 def worker(
     app_path: str | None,
     django_settings: str | None,
@@ -68,6 +69,7 @@ def worker(
     grace_period: float | None,
     cancel_grace: float | None,
     poll_interval_ms: int | None,
+    log_format: str | None,
 ) -> None:
     """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
     from tether.worker.app_loader import load_app
@@ -83,6 +85,8 @@ def worker(
     else:
         assert app_path is not None
         app = load_app(app_path)
+    # Its children log in the same format (the supervisor hands them LogSetup.current()).
+    common.apply_log_format(log_format, app.config)
     overrides: dict[str, Any] = {
         "processes": processes,
         "async_processes": async_processes,

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, mask_url
+from tether.db import refusals
 from tether.errors import DatabaseUnreachableError
 
 log = logging.getLogger("tether.db")
@@ -37,16 +38,48 @@ TCP_SETTINGS: dict[str, Any] = {
 }
 
 
-def worker_session_options(recovery: RecoveryConfig) -> dict[str, Any]:
-    """Server-side limits for a worker's own connections.
+def idle_in_transaction_ms(recovery: RecoveryConfig) -> int:
+    """How long a worker's session may sit idle inside a transaction before the server ends it.
 
     A worker frozen in the middle of a transaction (SIGSTOP, a stuck host) would
     keep its locks: the reaper's advisory lock, or the rows of the tasks it was
     recording, which every other reaper then skips. The server ends such a
     session well before any stale threshold, so recovery elsewhere goes on.
     """
-    idle_ms = max(500, min(recovery.claimed_stale_threshold_ms, recovery.running_stale_threshold_ms) // 2)
+    return max(500, min(recovery.claimed_stale_threshold_ms, recovery.running_stale_threshold_ms) // 2)
+
+
+def worker_session_options(config: AppConfig) -> dict[str, Any]:
+    """Server-side limits for a worker's own connections (``idle_in_transaction_ms``).
+
+    Sent as a startup option, which a pooler refuses (PgBouncer: "unsupported startup
+    parameter: options"): behind one, its own setting does the job instead
+    (PgBouncer's ``idle_transaction_timeout``, docs/pgbouncer.md).
+    """
+    if config.broker.pooler != "none":
+        return dict(TCP_SETTINGS)
+    idle_ms = idle_in_transaction_ms(config.recovery)
     return {**TCP_SETTINGS, "options": f"-c idle_in_transaction_session_timeout={idle_ms}"}
+
+
+def statement_options(config: PostgresConfig) -> dict[str, Any]:
+    """What every connection tether opens needs for the statements it runs.
+
+    psycopg prepares a statement by itself once a connection has run it 5 times. Through a
+    transaction pooler each transaction may land on another server session: one that lacks
+    the statement ("prepared statement "_pg3_0" does not exist") or already has another of
+    that name ("... already exists"). There, no statement is prepared (prepare_threshold None).
+    """
+    return {} if config.prepares_statements else {"prepare_threshold": None}
+
+
+def listen_url(config: PostgresConfig, url: str) -> str | None:
+    """Where LISTEN connections go: ``listen_url`` if set, else ``url`` unless that is a
+    transaction pooler (a LISTEN there lands on a server session other clients' transactions
+    share, and its notifications never reach us). None: nothing listens, everything polls."""
+    if config.listen_url is not None:
+        return config.listen_url
+    return None if config.pooler == "transaction" else url
 
 
 def worker_connection_options(config: AppConfig, role: str) -> dict[str, Any]:
@@ -59,7 +92,8 @@ def worker_connection_options(config: AppConfig, role: str) -> dict[str, Any]:
         "row_factory": dict_row,
         "application_name": f"tether-{role}",
         "connect_timeout": max(1, round(config.broker.connect_timeout_s)),
-        **worker_session_options(config.recovery),
+        **statement_options(config.broker),
+        **worker_session_options(config),
     }
 
 
@@ -83,7 +117,12 @@ class DedicatedConnection:
     def get(self) -> psycopg.Connection[dict[str, Any]]:
         """The open connection; a new one if there is none or it was lost."""
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+            try:
+                self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+            except psycopg.OperationalError as exc:
+                refusals.connect_failed(exc, self.role)
+                raise
+            refusals.connected()
         return self._conn
 
     def close(self) -> None:
@@ -112,9 +151,14 @@ class AsyncDedicatedConnection:
     async def get(self) -> psycopg.AsyncConnection[dict[str, Any]]:
         """The open connection; a new one if there is none or it was lost."""
         if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self.url, **worker_connection_options(self.config, self.role)
-            )
+            try:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.url, **worker_connection_options(self.config, self.role)
+                )
+            except psycopg.OperationalError as exc:
+                refusals.connect_failed(exc, self.role)
+                raise
+            refusals.connected()
         return self._conn
 
     async def close(self) -> None:
@@ -129,6 +173,7 @@ def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:
     return {
         "connect_timeout": max(1, round(config.connect_timeout_s)),
         "application_name": config.application_name,
+        **statement_options(config),
         **TCP_SETTINGS,
     }
 

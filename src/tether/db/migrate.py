@@ -1,9 +1,10 @@
 """Versioned schema migrations, applied once each, under an advisory lock.
 
 Files ``migrations/NNNN_name.sql`` are applied in order, each in its own
-transaction together with its row in ``tether_schema_version``. Concurrent
-starters (several workers booting at once) serialise on the lock and the later
-ones find nothing left to do; nothing is re-created on every boot.
+transaction together with its row in ``tether_schema_version``, under a
+transaction-level advisory lock. Concurrent starters (several workers booting
+at once) serialise on the lock and the later ones find nothing left to do;
+nothing is re-created on every boot.
 """
 
 from __future__ import annotations
@@ -69,36 +70,36 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
         raise ValueError("migrate() needs an autocommit connection")
     latest = latest_version()
     applied: list[int] = []
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
-    try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS tether_schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        current = current_version(conn)
-        if current > latest:
-            raise SchemaError(
-                f"the database schema is at version {current}, newer than this tether "
-                f"knows ({latest}); upgrade tether on this machine"
+    while True:
+        # The lock is taken anew in each migration's transaction, and ends with it: a session
+        # lock held across transactions would, through a transaction pooler (PgBouncer), be
+        # taken on one server session and "released" on another, staying held for good.
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS tether_schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
             )
-        for mig in available():
-            if mig.version <= current:
-                continue
+            current = current_version(conn)
+            if current > latest:
+                raise SchemaError(
+                    f"the database schema is at version {current}, newer than this tether "
+                    f"knows ({latest}); upgrade tether on this machine"
+                )
+            mig = next((m for m in available() if m.version > current), None)
+            if mig is None:
+                return applied
             log.info("applying migration %04d_%s", mig.version, mig.name)
             try:
-                with conn.transaction():
-                    conn.execute(mig.sql)
-                    conn.execute(
-                        "INSERT INTO tether_schema_version (version, name) VALUES (%s, %s)",
-                        (mig.version, mig.name),
-                    )
+                conn.execute(mig.sql)
+                conn.execute(
+                    "INSERT INTO tether_schema_version (version, name) VALUES (%s, %s)",
+                    (mig.version, mig.name),
+                )
             except psycopg.Error as exc:
                 raise SchemaError(f"migration {mig.version:04d}_{mig.name} failed: {exc}") from exc
-            applied.append(mig.version)
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
-    return applied
+        applied.append(mig.version)
 
 
 def ensure_schema(conn: psycopg.Connection[Any], *, auto_migrate: bool) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 from tether.broker.claims import OutcomeWrite, TaskPayload
 from tether.broker.types import DatabaseError
 from tether.current import set_cancel_probe, set_current_task_in_context
+from tether.log_fields import about_tasks
+from tether.log_setup import LogSetup
 from tether.progress import set_reporter_in_context
 from tether.result import TaskStatus
 from tether.worker import protocol
@@ -46,16 +48,16 @@ def async_child_main(
     url: str,
     worker_id: str,
     parent_pid: int,
-    log_level: int,
+    log_setup: LogSetup,
     stamps: Any,
     index: int,
     concurrency: int,
 ) -> None:
-    guard, app = begin_child("async child", parent_pid, log_level, app_path)
-    recorder = Recorder(url, worker_id, app.config)
+    guard, app = begin_child("async child", parent_pid, log_setup, app_path, worker_id)
+    recorder = Recorder(url, worker_id, app.config, role="child")
     # Progress reports on a connection of their own: a report that waits (a lost
     # connection, a row held by another session) holds up no start or outcome.
-    progress = ProgressWriter(Recorder(url, worker_id, app.config))
+    progress = ProgressWriter(Recorder(url, worker_id, app.config, role="child-progress"))
     child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency)
     try:
         asyncio.run(child.serve())
@@ -234,7 +236,11 @@ class AsyncChild:
             )
             if releases:
                 released = await loop.run_in_executor(self._writes, self.recorder.release, releases)
-                log.info("gave back %d task(s) that never started", len(released))
+                log.info(
+                    "gave back %d task(s) that never started",
+                    len(released),
+                    extra=about_tasks([t for t in releases if t.id in released]),
+                )
         except DatabaseError as exc:
             # The database stayed away longer than the recorder retries: these tasks stay as
             # they are and the reaper recovers them when their heartbeats go stale.
@@ -243,10 +249,15 @@ class AsyncChild:
                 len(outcomes),
                 len(starts),
                 exc,
+                extra=about_tasks([w.task for w in outcomes] + starts),
             )
             recorded, started = {}, set()
         if not self.guard.parent_alive():
-            log.warning("%d outcome(s) recorded after the worker's main process died; exiting", len(recorded))
+            log.warning(
+                "%d outcome(s) recorded after the worker's main process died; exiting",
+                len(recorded),
+                extra=about_tasks([w.task for w in outcomes if w.task.id in recorded]),
+            )
             given_back = [t for t in starts if t.id in started]  # started here, none of their code ran
             for task in given_back:
                 await loop.run_in_executor(self._writes, self.recorder.unstart, task)

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from tether.log_fields import about_task
 from tether.result import ErrorCode, TaskError
 from tether.worker.holdings import Holdings
 from tether.worker.supervisor import ChildSlot, Supervisor
@@ -44,7 +45,11 @@ class Cancels:
         index = self.holdings.child_holding(task_id)
         slot = self.supervisor.slots.get(index) if index is not None else None
         if slot is None:
-            log.debug("cancel of task %s requested, but no child of this worker holds it", task_id)
+            log.debug(
+                "cancel of task %s requested, but no child of this worker holds it",
+                task_id,
+                extra={"task_id": task_id},
+            )
             return
         task = next((t for t in self.holdings.of_child(slot.index) if t.id == task_id), None)
         if task is None:
@@ -63,6 +68,7 @@ class Cancels:
             slot.index,
             slot.pid,
             grace,
+            extra=about_task(task),
         )
         loop = asyncio.get_running_loop()
         self._timers[(task_id, task.attempt)] = loop.call_later(
@@ -100,5 +106,6 @@ class Cancels:
             slot.kind,
             slot.index,
             slot.pid,
+            extra=about_task(held),
         )
         slot.process.kill()  # the supervisor sees the exit, records slot.killed_for, starts a new child

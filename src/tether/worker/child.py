@@ -23,6 +23,8 @@ from typing import Any
 from tether.app import Tether
 from tether.broker.claims import TaskPayload
 from tether.current import RunningTask, set_cancel_probe, set_current_task
+from tether.log_fields import about_task, set_worker
+from tether.log_setup import LogSetup
 from tether.progress import set_reporter
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
@@ -99,17 +101,19 @@ def stamp_heartbeats(stamps: Any, index: int, interval_s: float) -> None:
     threading.Thread(target=beat, name="tether-runner-heartbeat", daemon=True).start()
 
 
-def begin_child(label: str, parent_pid: int, log_level: int, app_path: str) -> tuple[ParentGuard, Tether]:
-    """What every child does first: die with its parent, leave signals to it, log, import the app."""
+def begin_child(
+    label: str, parent_pid: int, log_setup: LogSetup, app_path: str, worker_id: str
+) -> tuple[ParentGuard, Tether]:
+    """What every child does first: die with its parent, leave signals to it, log as the worker's
+    main process does (level and format; every line names the worker), import the app."""
     guard = ParentGuard(parent_pid)
     # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
     # process of the worker: shutdown (and the grace period) is the main process's call.
     # The child still dies with its parent (PR_SET_PDEATHSIG) and to the parent's SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level, format=f"%(asctime)s %(levelname)s [{label} {os.getpid()}] %(name)s: %(message)s"
-    )
+    log_setup.apply(label=label)
+    set_worker(worker_id)
     return guard, load_app(app_path)
 
 
@@ -119,16 +123,16 @@ def child_main(
     url: str,
     worker_id: str,
     parent_pid: int,
-    log_level: int,
+    log_setup: LogSetup,
     stamps: Any,
     index: int,
     cancels: Any,
 ) -> None:
-    guard, app = begin_child("child", parent_pid, log_level, app_path)
+    guard, app = begin_child("child", parent_pid, log_setup, app_path, worker_id)
     stamp_heartbeats(stamps, index, app.config.recovery.runner_heartbeat_interval_ms / 1000)
     set_cancel_probe(partial(_on_cancel_board, cancels, index))
     executor = Executor(app)
-    recorder = Recorder(url, worker_id, app.config)
+    recorder = Recorder(url, worker_id, app.config, role="child")
     try:
         _serve(conn, executor, recorder, guard)
     finally:
@@ -166,7 +170,11 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
         settled, next_started = recorder.record(current, outcome, next_task)
         if not guard.parent_alive():
-            log.warning("task %s: outcome recorded after the worker's main process died; exiting", current.id)
+            log.warning(
+                "task %s: outcome recorded after the worker's main process died; exiting",
+                current.id,
+                extra=about_task(current),
+            )
             if next_task is not None and next_started:
                 recorder.unstart(next_task)  # started in that same commit, none of its code ran
             return
@@ -213,6 +221,9 @@ def _ask_next(conn: Connection, pushed: Callable[[], bool], finished: TaskPayloa
         return protocol.recv(conn)
     except (EOFError, OSError) as exc:
         log.warning(
-            "task %s: lost the worker's main process (%s); recording the outcome alone", finished.id, exc
+            "task %s: lost the worker's main process (%s); recording the outcome alone",
+            finished.id,
+            exc,
+            extra=about_task(finished),
         )
         return {"op": protocol.STOP}

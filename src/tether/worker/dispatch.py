@@ -18,6 +18,7 @@ from typing import Any
 
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
+from tether.log_fields import about_task, about_tasks
 from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.holdings import Holdings
@@ -199,6 +200,7 @@ class Dispatcher:
                 slot.pid,
                 code,
                 len(held),
+                extra=about_tasks(held),
             )
         if held:
             how = slot.crash_reason or "the worker process running this task died"
@@ -227,8 +229,21 @@ class Dispatcher:
             verdicts = {task.id: verdict for task in held}
         for task in held:
             self.holdings.forget(task.id)
-            log.debug("task %s (%s) attempt %d: %s", task.id, task.name, task.attempt, verdicts[task.id])
-        log.warning("the %d task(s) of dead %s: %s", len(held), who, outcomes_of(held, verdicts))
+            log.debug(
+                "task %s (%s) attempt %d: %s",
+                task.id,
+                task.name,
+                task.attempt,
+                verdicts[task.id],
+                extra=about_task(task),
+            )
+        log.warning(
+            "the %d task(s) of dead %s: %s",
+            len(held),
+            who,
+            outcomes_of(held, verdicts),
+            extra=about_tasks(held),
+        )
         self.on_change()
 
     async def kill_children(self) -> None:

@@ -14,6 +14,7 @@ from tether.app import Tether
 from tether.broker.claims import TaskPayload
 from tether.current import cancel_requested_for
 from tether.errors import SerializationError, TaskCancelledError
+from tether.log_fields import about_task
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.task import Task
@@ -89,6 +90,7 @@ class Executor:
                     payload.name,
                     payload.attempt,
                     limit,
+                    extra=about_task(payload),
                 )
                 return failure(payload, time_limit_error(payload.name, limit, "it was cancelled"))
             if isinstance(exc, KeyboardInterrupt):
@@ -115,7 +117,9 @@ class Executor:
 
     def outcome_of_error(self, payload: TaskPayload, exc: BaseException) -> Outcome:
         """An exception the task's code raised: a FAILED outcome with its traceback."""
-        log.info("task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__)
+        log.info(
+            "task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__, extra=about_task(payload)
+        )
         return failure(
             payload,
             TaskError(
@@ -235,7 +239,11 @@ def _is_cancellation(exc: BaseException, task_id: str) -> bool:
 def cancelled(payload: TaskPayload) -> Outcome:
     """The task's code stopped on a cancel request (the database adds who asked)."""
     log.info(
-        "task %s (%s) attempt %d stopped on its cancel request", payload.id, payload.name, payload.attempt
+        "task %s (%s) attempt %d stopped on its cancel request",
+        payload.id,
+        payload.name,
+        payload.attempt,
+        extra=about_task(payload),
     )
     return outcomes.cancelled("cancelled while running")
 
@@ -255,6 +263,8 @@ def time_limit_error(name: str, limit: float, what_then: str) -> TaskError:
 
 def internal_failure(payload: TaskPayload, exc: BaseException) -> Outcome:
     """An error in tether's own handling of a task (not in its code): recorded, never fatal."""
-    log.exception("internal error while running task %s (%s)", payload.id, payload.name)
+    log.exception(
+        "internal error while running task %s (%s)", payload.id, payload.name, extra=about_task(payload)
+    )
     error = TaskError(ErrorCode.UNHANDLED_EXCEPTION, f"tether internal error: {type(exc).__name__}: {exc}")
     return failure(payload, error)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tether.broker.claims import TaskPayload
 from tether.broker.heartbeats import Beat
+from tether.log_fields import about_task
 from tether.worker.lanes import Kind
 
 log = logging.getLogger("tether.worker.holdings")
@@ -63,6 +64,10 @@ class Holdings:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._held
 
+    def get(self, task_id: str) -> TaskPayload | None:
+        """The task held under ``task_id``, if it is."""
+        return self._held.get(task_id)
+
     # -- claimed, not handed --------------------------------------------------------
 
     def take(self, task: TaskPayload, kind: Kind = "sync") -> bool:
@@ -75,7 +80,10 @@ class Holdings:
         held = self._held.get(task.id)
         if held is not None and held.attempt == task.attempt:
             log.warning(
-                "task %s attempt %d claimed again while held here; keeping one", task.id, task.attempt
+                "task %s attempt %d claimed again while held here; keeping one",
+                task.id,
+                task.attempt,
+                extra=about_task(task),
             )
             return False
         self._held[task.id] = task

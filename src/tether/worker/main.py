@@ -31,7 +31,10 @@ from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.config import WorkerConfig
+from tether.db.connection import listen_url
 from tether.errors import UnknownQueueError
+from tether.log_fields import about_task, set_worker
+from tether.log_setup import LogSetup
 from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.cancels import Cancels
 from tether.worker.claim_triggers import ClaimTriggers
@@ -47,7 +50,8 @@ from tether.worker.reaper import Reaper
 from tether.worker.reconcile import reconcile_host
 from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler
-from tether.worker.services import Services
+from tether.worker.services import Service, Services
+from tether.worker.shared_connection import SharedConnection
 from tether.worker.supervisor import Supervisor
 from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
@@ -77,6 +81,7 @@ class Worker:
                 f"declared queues: {', '.join(app.config.queues)}"
             )
         self.identity: Identity = current_identity()
+        set_worker(self.identity.worker_id)  # every line of this process names its worker
         self.lanes = plan_lanes(self.config, app)
         self.capacity = self.lanes.capacity
         self.holdings = Holdings()
@@ -161,7 +166,9 @@ class Worker:
         if self.stop_requested:
             return
         # Before claiming anything: recover what dead workers on this host left behind.
-        await asyncio.to_thread(reconcile_host, started.url, self.app.config, self.identity)
+        await asyncio.to_thread(
+            reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+        )
         await self._reached("reconciled")
         if self.stop_requested:
             return
@@ -242,7 +249,7 @@ class StartedWorker:
         self.registered = False  # the registry row may exist: close() marks it stopped
         self._claimed_any = False  # the first claim that returned tasks came back
         self.pool = WorkerPool(url, config)
-        self.recorder = Recorder(url, me, config)
+        self.recorder = Recorder(url, me, config, role="recorder")
         # The supervisor calls the dispatcher back only once its children run (start()).
         self.supervisor = Supervisor(
             lanes=worker.lanes,
@@ -252,6 +259,7 @@ class StartedWorker:
             log_level=logging.getLogger().getEffectiveLevel(),
             on_message=lambda slot, msg: self.dispatcher.on_message(slot, msg),
             on_exit=lambda slot, code: self.dispatcher.on_exit(slot, code),
+            log_format=LogSetup.current().format,
         )
         self.dispatcher = Dispatcher(
             lanes=worker.lanes,
@@ -270,7 +278,11 @@ class StartedWorker:
             config.recovery.running_stale_threshold_ms / 1000,
             on_rejoin=triggers.work_may_wait,
         )
-        self.registration = NotifyRegistration(self.pool, me, worker.queues)
+        # None: behind a transaction pooler with no listen_url, nothing listens (docs/pgbouncer.md).
+        self.listen_url = listen_url(config.broker, url)
+        self.registration = NotifyRegistration(
+            self.pool, me, worker.queues, notified=self.listen_url is not None
+        )
         self.claimer = Claimer(
             pool=self.pool,
             worker_id=me,
@@ -287,24 +299,33 @@ class StartedWorker:
         )
         every = interval_s(config.recovery)
         heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every)
-        self.scheduler = Scheduler(url, config, worker.queues, list(worker.app.schedules.values()))
-        self.listening = asyncio.Event()
-        listener = WorkListener(
-            url,
-            config,
-            set(worker.queues),
-            on_work=triggers.on_notification,
-            on_listening=self._on_listening,
-            on_schedules=self.scheduler.wake,
-            on_control=self._on_control,
+        # The reaper, the scheduler and startup reconciliation take turns on one connection.
+        self.maintenance = SharedConnection(url, config, "maintenance")
+        self.scheduler = Scheduler(
+            url, config, worker.queues, list(worker.app.schedules.values()), self.maintenance
         )
+        self.listening = asyncio.Event()
+        listeners: list[Service] = []
+        if self.listen_url is not None:
+            listeners.append(
+                WorkListener(
+                    self.listen_url,
+                    config,
+                    set(worker.queues),
+                    on_work=triggers.on_notification,
+                    on_listening=self._on_listening,
+                    on_schedules=self.scheduler.wake,
+                    on_control=self._on_control,
+                    worker_id=me,  # its connection's name says whose it is (`tether health` looks)
+                )
+            )
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
-                listener,
+                *listeners,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every),
+                Reaper(url, config, every, me, self.maintenance),
                 self.scheduler,
             ]
         )
@@ -344,6 +365,9 @@ class StartedWorker:
         notification starts the retry on time instead of at the next poll.
         """
         self.services.start()
+        if self.listen_url is None:
+            self._say_polling()
+            return
         timeout = self.worker.app.config.broker.connect_timeout_s
         waits = {asyncio.create_task(self.listening.wait()), asyncio.create_task(self.worker.stopping.wait())}
         try:
@@ -355,6 +379,18 @@ class StartedWorker:
             log.warning(
                 "work listener not connected after %.0fs; going on (the poll finds work meanwhile)", timeout
             )
+
+    def _say_polling(self) -> None:
+        config = self.worker.app.config
+        log.warning(
+            "worker %s: no LISTEN connection (pooler=transaction and no listen_url): new work is "
+            "found by polling every %d ms (poll_interval_ms), and cancels reach running tasks "
+            "within a heartbeat (%.0f s). Set TETHER_LISTEN_URL (PostgresConfig.listen_url) to a "
+            "direct URL to PostgreSQL to be woken at once (docs/pgbouncer.md)",
+            self.worker.worker_id,
+            self.worker.config.poll_interval_ms,
+            interval_s(config.recovery),
+        )
 
     def _on_listening(self) -> None:
         # Notifications sent while the listener was down are lost: look once, and
@@ -408,6 +444,7 @@ class StartedWorker:
                 log.error("could not mark worker %s stopped: %s", w.worker_id, exc)
         await self.pool.close()
         await asyncio.to_thread(self.recorder.close)
+        await asyncio.to_thread(self.maintenance.close)
 
     # -- what the claim loop hands over -------------------------------------------------
 
@@ -434,6 +471,7 @@ class StartedWorker:
                 "task %s: %r is not registered here but another worker knows it; releasing",
                 task.id,
                 task.name,
+                extra=about_task(task),
             )
             await self._release([task])
             return
@@ -443,7 +481,7 @@ class StartedWorker:
             f"(worker {me} claimed it)",
         )
         outcome = outcomes.failure(error, task.retry_policy, task.retry_count)
-        log.error("task %s: %s; failing it", task.id, error.message)
+        log.error("task %s: %s; failing it", task.id, error.message, extra=about_task(task))
         await asyncio.to_thread(self.recorder.record_for, task, outcome, expect=TaskStatus.CLAIMED)
 
     async def _release(self, tasks: list[TaskPayload]) -> None:
@@ -500,12 +538,15 @@ class StartedWorker:
         for task_id in answer.cancel_requested:  # a tether_control notification may have been missed
             self.cancels.request(task_id)
         if lost:
-            for task_id in self.worker.holdings.lose(lost):
+            holdings = self.worker.holdings
+            for task_id in holdings.lose(lost):
+                held = holdings.get(task_id)
                 log.warning(
                     "task %s is no longer held by worker %s (recovered or cancelled elsewhere); "
                     "its outcome here will not be recorded",
                     task_id,
                     self.worker.worker_id,
+                    extra={"task_id": task_id} if held is None else about_task(held),
                 )
 
 

@@ -35,8 +35,11 @@ BUSY_FOR_S = 1.0
 class NotifyRegistration:
     """This worker's row(s) in tether_queue_waiters, as far as it knows."""
 
-    def __init__(self, pool: WorkerPool, worker_id: str, queues: list[str]) -> None:
+    def __init__(self, pool: WorkerPool, worker_id: str, queues: list[str], *, notified: bool = True) -> None:
         self.pool = pool
+        # False: nothing of this worker LISTENs (a transaction pooler with no listen_url), so a
+        # registration would only make senders NOTIFY in vain: never register.
+        self.notified = notified
         self.worker_id = worker_id
         self.queues = sorted(set(queues))
         self.registered = False
@@ -50,6 +53,8 @@ class NotifyRegistration:
 
     async def after_claim(self, claimed: int, limit: int) -> bool:
         """Update the registration after a claim; True if the caller should claim once more."""
+        if not self.notified:
+            return False
         if claimed >= limit:
             now = time.monotonic()
             if self._full_since is None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
+from tether.log_fields import about_task
 from tether.worker.recorder import Recorder
 
 log = logging.getLogger("tether.worker.progress_reports")
@@ -113,7 +114,12 @@ class TaskProgress:
                 except DatabaseError as exc:
                     # Nobody waits for this report to raise in: say it here. A later report
                     # (or the task's heartbeats) keeps the task from looking silent.
-                    log.warning("task %s: could not store its progress: %s", self.task.id, exc)
+                    log.warning(
+                        "task %s: could not store its progress: %s",
+                        self.task.id,
+                        exc,
+                        extra=about_task(self.task),
+                    )
         finally:
             self._writing = None
 

@@ -1,29 +1,34 @@
-"""The reaper, a background service (services.py): runs in every worker; one worker acts at a
-time (advisory lock).
+"""The reaper, a background service (services.py): runs in every worker; for the whole
+fleet, one pass per due moment (broker/reaper_passes.py, one row of tether_reaper).
 
-Each tick, in this order: expire PENDING tasks past good_until; requeue stale
-CLAIMED; retry or fail stale RUNNING; mark silent workers inactive (all in one
-transaction); then reconcile workflow steps whose task has ended (including the
-ones this tick just failed) and finish workflows, one transaction per workflow
-and only when there is any; prune by retention (at most hourly). Between
-ticks it sleeps until the next task would turn stale or expire, but never
-longer than check_interval_ms, so recovery does not wait for a fixed tick; when a
-step filled its batch, it goes again at once. On a database error it tries again
-after 0.5 s, backing off up to check_interval_ms.
+A tick first reads when the fleet's next pass is due (one statement). Not yet: it sleeps
+until then. Due: it claims the pass in the transaction that does it, and only one worker
+gets it. A pass, in this order: expire PENDING tasks past good_until; requeue stale
+CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; read the workflow
+steps to reconcile and when the next task turns stale or expires; write that moment to
+the row as the fleet's next pass (all in one transaction); then reconcile workflow steps
+and finish workflows, one transaction per workflow and only when there is any; prune by
+retention (at most hourly per worker). The next pass is due when the next task would turn
+stale or expire, but never later than check_interval_ms, so recovery does not wait for a
+fixed tick; at once when a step filled its batch. Each worker sleeps until that moment
+plus a little jitter, so the fleet's wake-ups spread and one of them claims it. On a
+database error it tries again after 0.5 s, backing off up to check_interval_ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 import uuid
 
-from tether.broker import recovery
+from tether.broker import reaper_passes, recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
-from tether.db.connection import DedicatedConnection
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
+from tether.worker.shared_connection import SharedConnection
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
@@ -32,49 +37,96 @@ PRUNE_EVERY_S = 3600.0
 # Staleness is strict ("older than"): look a little after the moment itself.
 AFTER_DUE_S = 0.01
 MIN_SLEEP_S = 0.05
+# Workers that read the same due moment wake within this spread, up to a tenth of the
+# sleep: the first claims the pass, and the later ones, finding it done, sleep again.
+# Those that wake while it runs cost a claim each, so the spread is wide against a pass's
+# length. It delays a pass by at most this much (by about spread / workers in a fleet).
+JITTER_MAX_S = 1.0
+# Due, but another worker's pass holds it: it is running, and will set the next moment.
+# Looking again only covers its worker dying mid-pass (the pass rolls back, still due):
+# after this fraction of BUSY_LOOK_S, or of the check interval if that is shorter (on a
+# starved machine a pass can take seconds, and a fleet must not poll it meanwhile).
+BUSY_SLEEP = (0.5, 1.0)
+BUSY_LOOK_S = 5.0
 
 
 class Reaper(Service):
     name = "reaper tick"
     log = log
 
-    def __init__(self, url: str, config: AppConfig, heartbeat_interval_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        config: AppConfig,
+        heartbeat_interval_s: float,
+        worker_id: str | None = None,
+        connection: SharedConnection | None = None,
+    ) -> None:
+        """``connection``: the main process's shared one (closed by its owner); else its own."""
         self.config = config.recovery
         super().__init__(Backoff(0.5, max(0.5, self.config.check_interval_ms / 1000)))
-        self.connection = DedicatedConnection(url, config, "reaper")
+        self._owns_connection = connection is None
+        self.connection = connection or SharedConnection(url, config, "reaper")
+        self.worker_id = worker_id  # written to tether_reaper with each pass it does
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
-        self._last_prune = -PRUNE_EVERY_S  # prune on the first tick that gets the lock
-        self.last: recovery.Recovered | None = None  # what the last pass did (None: another reaper acted)
+        self._last_prune = -PRUNE_EVERY_S  # prune on the first pass this worker does
+        self.last: recovery.Recovered | None = None  # what this tick's pass did (None: no pass here)
+        self.passes = 0  # passes this worker did
 
     async def tick(self) -> float:
-        """One pass (in a thread); the seconds until the next: 0 when a step filled its batch."""
+        """One tick (in a thread); the seconds until the next, with jitter: 0 when a step filled its batch."""
         done, wait = await self.in_thread(self.run_once)
         self.last = done
-        return 0.0 if done is not None and _full(done) else wait
+        if done is not None and _full(done):
+            return 0.0
+        return wait + random.uniform(0.0, min(JITTER_MAX_S, wait / 10))
 
     async def close(self) -> None:
         await self.round_over()
-        self.connection.close()
+        if self._owns_connection:
+            await asyncio.to_thread(self.connection.close)
 
     def run_once(self) -> tuple[recovery.Recovered | None, float]:
-        """One pass, and how long to sleep after it: one transaction either way.
+        """One tick, on the connection's turn (see _tick)."""
+        with self.connection.turn() as conn:
+            return self._tick(conn)
 
-        The pass is None when another worker's reaper holds the lock (it is acting).
-        Reading the next due moment in the same transaction keeps the reaper at one
-        commit per tick (heartbeat + reaper = 2 commits per interval per worker).
+    def _tick(self, conn: Conn) -> tuple[recovery.Recovered | None, float]:
+        """One tick, and how long to sleep after it.
+
+        The pass is None when it was not this worker's to do: not due yet (one read), or
+        another worker claimed it. A pass is one transaction, the claim, the next due
+        moment and the workflow steps to reconcile included (heartbeat + reaper = 2
+        commits per interval for the worker that does the pass, 1 for the others).
         """
-        conn = self.connection.get()
+        cfg = self.config
+        due = reaper_passes.due_in(conn, cfg.check_interval_ms)
+        if due.due_in_s > 0:
+            return None, self._clamp(due.due_in_s)
+        if due.running:
+            return None, self._busy_sleep()
         stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
         unfinished: list[uuid.UUID] = []
         with conn.transaction():
-            done = self._act(conn) if recovery.take_reaper_lock(conn) else None
-            if done is not None:
-                # Read in this transaction, so the steps of tasks failed just now are found.
-                stuck = workflow_recovery.find_stuck(conn)
-                unfinished = workflow_recovery.find_unfinished(conn)
-            wait = self._sleep_for(conn)
-        if done is None:
-            return None, wait
+            turn = reaper_passes.claim(conn, self.worker_id, cfg.check_interval_ms)
+            if turn.pass_number is None:
+                if turn.due_in_s > 0:  # another worker claimed it first
+                    return None, self._clamp(turn.due_in_s)
+                return None, self._busy_sleep()  # another worker is doing it now
+            done = self._act(conn)
+            # Read in this transaction, so the steps of tasks failed just now are found.
+            stuck = workflow_recovery.find_stuck(conn)
+            unfinished = workflow_recovery.find_unfinished(conn)
+            more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
+            wait = 0.0 if more else self._sleep_for(conn)
+            reaper_passes.schedule_next(conn, wait)
+        self.passes += 1
+        log.debug(
+            "reaper pass %d done by worker %s; the next is due in %.2fs",
+            turn.pass_number,
+            self.worker_id,
+            wait,
+        )
         if stuck or unfinished:
             try:
                 settled = workflow_recovery.reconcile(conn, stuck, unfinished)
@@ -110,11 +162,16 @@ class Reaper(Service):
 
     def _sleep_for(self, conn: Conn) -> float:
         """Until the next thing turns stale or expires, within [MIN_SLEEP_S, check_interval]."""
-        check = self.config.check_interval_ms / 1000
         due = recovery.next_due_in(conn, self.config)
         if due is None:
-            return check
-        return min(check, max(MIN_SLEEP_S, due + AFTER_DUE_S))
+            return self.config.check_interval_ms / 1000
+        return self._clamp(due + AFTER_DUE_S)
+
+    def _busy_sleep(self) -> float:
+        return random.uniform(*BUSY_SLEEP) * min(BUSY_LOOK_S, self.config.check_interval_ms / 1000)
+
+    def _clamp(self, seconds: float) -> float:
+        return min(self.config.check_interval_ms / 1000, max(MIN_SLEEP_S, seconds))
 
 
 def _full(done: recovery.Recovered) -> bool:

@@ -17,6 +17,7 @@ from tether.broker import recovery, workers
 from tether.config import AppConfig
 from tether.db.connection import DedicatedConnection
 from tether.worker.identity import Identity, process_start_time
+from tether.worker.shared_connection import SharedConnection
 
 log = logging.getLogger("tether.worker.reconcile")
 
@@ -33,9 +34,13 @@ def is_same_process(pid: int, started_at: datetime | None) -> bool:
     return abs((now_started - started_at).total_seconds()) <= START_TIME_SLACK_S
 
 
-def reconcile_host(url: str, config: AppConfig, me: Identity) -> recovery.Recovered:
+def reconcile_host(
+    url: str, config: AppConfig, me: Identity, connection: SharedConnection | None = None
+) -> recovery.Recovered:
+    """``connection``: the main process's shared one (its turn); else one of its own, closed after."""
     done = recovery.Recovered()
-    with DedicatedConnection(url, config, "worker") as conn:
+    turn = connection.turn() if connection is not None else DedicatedConnection(url, config, "worker")
+    with turn as conn:
         others = workers.workers_on_host(conn, hostname=me.hostname, host_key=me.host_key, me=me.worker_id)
         for other in others:
             if is_same_process(other.pid, other.process_started_at):

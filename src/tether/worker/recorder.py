@@ -26,6 +26,7 @@ from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
 from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
 from tether.db.connection import DedicatedConnection
+from tether.log_fields import about_task
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.backoff import Backoff
@@ -40,13 +41,20 @@ class Recorder:
     """The fenced writes of one process (a child, or the worker's main process) on its own connection."""
 
     def __init__(
-        self, url: str, worker_id: str, config: AppConfig, *, give_up_after_s: float = 300.0
+        self,
+        url: str,
+        worker_id: str,
+        config: AppConfig,
+        *,
+        give_up_after_s: float = 300.0,
+        role: str = "worker",
     ) -> None:
+        """``role`` names the connection in pg_stat_activity: ``tether-<role>``."""
         self.worker_id = worker_id
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.give_up_after_s = give_up_after_s
-        self.connection = DedicatedConnection(url, config, "worker")
+        self.connection = DedicatedConnection(url, config, role)
         # The main process calls in from worker threads; one statement at a time.
         self._lock = threading.RLock()
 
@@ -215,7 +223,11 @@ class Recorder:
         except OperationalError:
             raise
         except DatabaseError as exc:
-            log.exception("task %s: the database refused its outcome; recording the refusal", write.task.id)
+            log.exception(
+                "task %s: the database refused its outcome; recording the refusal",
+                write.task.id,
+                extra=about_task(write.task, self.worker_id),
+            )
             error = TaskError(ErrorCode.RESULT_NOT_SERIALIZABLE, f"the database refused the outcome: {exc}")
             outcome = outcomes.failure(error, write.task.retry_policy, write.task.retry_count)
             done, _ = self._with_retry(
@@ -320,6 +332,7 @@ class Recorder:
                 "task(s) %s: could not advance workflow %s; the reaper will reconcile the step",
                 ", ".join(task_ids),
                 workflow_id,
+                extra={"task_ids": task_ids, "task_count": len(task_ids), "workflow_id": workflow_id},
             )
 
     def unstart(self, task: TaskPayload) -> bool:
@@ -399,7 +412,12 @@ class Recorder:
             # that recorded the same status leaves pid NULL); a start has no such row.
             and (settled is TaskStatus.RUNNING or now.recorded_by_pid == self.pid)
         ):
-            log.info("task %s: the write to %s was committed before the connection dropped", task.id, action)
+            log.info(
+                "task %s: the write to %s was committed before the connection dropped",
+                task.id,
+                action,
+                extra=about_task(task, self.worker_id),
+            )
             return True
         if quiet:
             return False
@@ -411,5 +429,6 @@ class Recorder:
             task.attempt,
             action,
             holder,
+            extra=about_task(task, self.worker_id),
         )
         return False

@@ -2,7 +2,8 @@
 every worker, exactly once per slot.
 
 At start it stores the schedules the worker's code declares for its queues (periodic.
-sync_declared). Then each tick, in one transaction: lock the live schedules of its queues
+sync_declared). Then each tick reads when the next slot of its queues comes (one
+statement); once one has come, in one transaction: lock the live schedules of its queues
 whose next slot has come, send their due slots by the catch-up and overlap rules, move
 their cursors on, and read when the next slot comes; it sleeps until then. Every worker
 runs one: no leader. Workers reaching a slot together take turns on the schedule's row
@@ -17,6 +18,7 @@ it tries again after 0.5 s, backing off up to the check interval.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -27,12 +29,12 @@ from tether.broker.schedules import DueSchedule
 from tether.broker.types import Conn
 from tether.config import AppConfig
 from tether.cron import Cron
-from tether.db.connection import DedicatedConnection
 from tether.ids import new_task_ids
 from tether.periodic import Schedule, plan_slots, sync_declared
 from tether.result import TaskStatus
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
+from tether.worker.shared_connection import SharedConnection
 
 log = logging.getLogger("tether.scheduler")
 
@@ -45,11 +47,18 @@ class Scheduler(Service):
     log = log
 
     def __init__(
-        self, url: str, config: AppConfig, queues: Sequence[str], declared: Sequence[Schedule]
+        self,
+        url: str,
+        config: AppConfig,
+        queues: Sequence[str],
+        declared: Sequence[Schedule],
+        connection: SharedConnection | None = None,
     ) -> None:
+        """``connection``: the main process's shared one (closed by its owner); else its own."""
         self.max_sleep_s = config.recovery.check_interval_ms / 1000
         super().__init__(Backoff(0.5, max(0.5, self.max_sleep_s)))
-        self.connection = DedicatedConnection(url, config, "scheduler")
+        self._owns_connection = connection is None
+        self.connection = connection or SharedConnection(url, config, "scheduler")
         self.queues = list(queues)
         self.declared = list(declared)
         self._synced = False
@@ -63,18 +72,30 @@ class Scheduler(Service):
 
     async def close(self) -> None:
         await self.round_over()
-        self.connection.close()
+        if self._owns_connection:
+            await asyncio.to_thread(self.connection.close)
 
     def run_once(self) -> float:
         """Send what is due; the seconds until the next slot (at most the check interval)."""
-        conn = self.connection.get()
+        with self.connection.turn() as conn:
+            return self._tick(conn)
+
+    def _tick(self, conn: Conn) -> float:
         if not self._synced:
             sync_declared(conn, self.declared, self.queues)
             self._synced = True
+        # Most ticks find nothing due (a fleet ticks every check interval per worker): one
+        # read outside any transaction says so, and when the next slot comes.
+        ahead = schedules.next_slot_in(conn, self.queues)
+        if ahead is None or ahead > 0:
+            return self._until(ahead)
         with conn.transaction():
             for due in schedules.lock_due_schedules(conn, self.queues):
                 self._send_due(conn, due)
-            wait = schedules.next_slot_in(conn, self.queues)
+            return self._until(schedules.next_slot_in(conn, self.queues))
+
+    def _until(self, wait: float | None) -> float:
+        """Until the next slot (None: there is none), at most the check interval."""
         if wait is None:
             return self.max_sleep_s
         return min(self.max_sleep_s, max(0.0, wait) + AFTER_DUE_S)
@@ -115,7 +136,12 @@ class Scheduler(Service):
             )
         for task_id, slot in sent:
             log.debug(
-                "schedule %s: slot %s sent as task %s (%s)", d.name, _local(cron, slot), task_id, d.task_name
+                "schedule %s: slot %s sent as task %s (%s)",
+                d.name,
+                _local(cron, slot),
+                task_id,
+                d.task_name,
+                extra={"task_id": str(task_id), "task_name": d.task_name, "queue": d.queue},
             )
         schedules.advance_schedule(
             conn,

@@ -20,6 +20,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from tether.broker.claims import TaskPayload
+from tether.config import LogFormat
+from tether.log_fields import about_tasks
+from tether.log_setup import LogSetup
 from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.async_child import async_child_main
@@ -77,6 +80,7 @@ class Supervisor:
         log_level: int,
         on_message: OnMessage,
         on_exit: OnExit,
+        log_format: LogFormat = "human",
     ) -> None:
         self.lanes = lanes
         self.processes = lanes.processes
@@ -84,6 +88,7 @@ class Supervisor:
         self.url = url
         self.worker_id = worker_id
         self.log_level = log_level
+        self.log_format = log_format  # children write their lines as the main process does
         self.on_message = on_message
         self.on_exit = on_exit
         self.slots: dict[int, ChildSlot] = {}
@@ -115,7 +120,7 @@ class Supervisor:
             self.url,
             self.worker_id,
             os.getpid(),
-            self.log_level,
+            LogSetup(self.log_level, self.log_format),
             self.stamps,
             index,
         )
@@ -232,6 +237,7 @@ class Supervisor:
                     ", ".join(f"{t.id} ({t.name})" for t in tasks[:5]),
                     age,
                     "its event loop is blocked" if slot.kind == "async" else "hung, or the GIL is held",
+                    extra=about_tasks(tasks),
                 )
                 slot.process.kill()
 

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 
 from tether.broker.claims import TaskPayload
+from tether.log_fields import about_task
 from tether.worker.execute import time_limit_error
 from tether.worker.supervisor import ChildSlot
 
@@ -92,6 +93,7 @@ class TimeLimits:
             slot.kind,
             slot.index,
             slot.pid,
+            extra=about_task(task),
         )
         if slot.kind == "async":
             slot.crash_reason = (

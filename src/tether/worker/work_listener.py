@@ -29,6 +29,17 @@ log = logging.getLogger("tether.worker.work_listener")
 # length changes nothing but how often the runner's loop turns while the worker is idle.
 LISTEN_FOR_S = 60.0
 
+#: How much of its worker's id a listener's connection name keeps: 'tether-listener ' and
+#: these make 63 bytes, all an application_name holds, and the end of the id (pid and
+#: random part) is what tells two workers apart. `tether health` finds each active worker's
+#: listener in pg_stat_activity by this name (broker/sql/health.sql, worker_liveness).
+LISTENER_ID_CHARS = 47
+
+
+def listener_role(worker_id: str | None) -> str:
+    """The role of a work listener's connection, named ``tether-<role>`` in pg_stat_activity."""
+    return "listener" if worker_id is None else f"listener {worker_id[-LISTENER_ID_CHARS:]}"
+
 
 class WorkListener(Service):
     """Calls ``on_work(seconds_until_due)`` for every notification of new work on one of
@@ -50,9 +61,10 @@ class WorkListener(Service):
         on_schedules: Callable[[], None],
         on_control: Callable[[str, list[str]], None],
         listen_for_s: float = LISTEN_FOR_S,
+        worker_id: str | None = None,
     ) -> None:
         super().__init__(Backoff(0.1, 5.0))
-        self.connection = AsyncDedicatedConnection(url, config, "listener")
+        self.connection = AsyncDedicatedConnection(url, config, listener_role(worker_id))
         self.queues = queues
         self.on_work = on_work
         self.on_listening = on_listening

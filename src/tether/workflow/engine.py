@@ -82,7 +82,10 @@ def advance(conn: Conn, workflow_id: uuid.UUID | str, task_ids: Sequence[uuid.UU
         wf = workflows.lock_workflow(conn, workflow_id)
         if wf is None:
             log.warning(
-                "workflow %s is gone (pruned?); its step tasks %s stay as they are", workflow_id, task_ids
+                "workflow %s is gone (pruned?); its step tasks %s stay as they are",
+                workflow_id,
+                task_ids,
+                extra={"task_ids": [str(t) for t in task_ids], "task_count": len(task_ids)},
             )
             return done
         workflows.plan_as_lookups(conn)

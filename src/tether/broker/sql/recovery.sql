@@ -1,17 +1,6 @@
 -- The reaper's steps. Each is bounded (LIMIT) and each action is a guarded
 -- UPDATE, so two reapers racing, or a late worker, cannot act twice.
 
--- name: reaper_lock
--- One reaper acts per tick across all workers; the others skip (lock held to COMMIT).
--- For the rest of the tick's transaction: no parallel workers. Each of its statements
--- reads a few hundred rows through partial indexes; with parallel workers allowed, the
--- planner read every workflow step ever kept in parallel (stuck_steps: a parallel seq
--- scan of tether_workflow_tasks, 66-160 ms with 55,000 steps on a busy 2-core machine)
--- rather than the ENQUEUED ones through their index (31 ms), and starting workers costs
--- milliseconds of its own.
-SELECT pg_try_advisory_xact_lock(2122188290) AS acquired,
-       set_config('max_parallel_workers_per_gather', '0', true) AS serial;
-
 -- name: expire_pending
 -- PENDING past good_until -> EXPIRED with TASK_EXPIRED. No attempt row: nothing ran.
 WITH gone AS (
@@ -61,13 +50,13 @@ WITH stale AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM back GROUP BY queue
 )
-SELECT id, name, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
+SELECT id, name, queue, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
 FROM back;
 
 -- name: stale_running
 -- RUNNING with no runner heartbeat (from its owner) within the threshold. Locked
 -- here; the caller decides retry or failure per task and writes it fenced.
-SELECT t.id, t.name, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
+SELECT t.id, t.name, t.queue, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
        extract(epoch FROM now() - greatest(t.started_at, hb.last))::float8 AS silent_s
 FROM tether_tasks t
 CROSS JOIN LATERAL (

@@ -12,7 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 
+from tether.config import LOG_FORMATS
 from tether.contrib.django.worker import prepare
+from tether.log_setup import setup_logging
 from tether.worker.app_loader import load_app
 from tether.worker.main import run_worker
 from tether.worker_options import worker_config
@@ -39,15 +41,23 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no type hints
             type=str.upper,
             help="tether's log level (default: %(default)s).",
         )
+        parser.add_argument(
+            "--log-format",
+            choices=list(LOG_FORMATS),
+            type=str.lower,
+            default=None,
+            help="human, or json: one JSON object per line (default: TETHER_LOG_FORMAT, else human).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # The format of `tether worker`; a no-op when the project's LOGGING set the root up.
-        logging.basicConfig(
-            level=options["log_level"], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        # The format of `tether worker`; a no-op when the project's LOGGING set the root up
+        # (the worker's children still log in the format asked for).
+        setup_logging(options["log_level"], options["log_format"] or "human")
         logging.getLogger("tether").setLevel(options["log_level"])
         app_path = prepare(None, options["backend"])
         app = load_app(app_path)
+        if options["log_format"] is None:
+            setup_logging(options["log_level"], app.config.logging.format)
         overrides = {
             "processes": options["processes"],
             "queues": options["queues"],
