@@ -382,3 +382,37 @@ def test_the_dashboards_task_list_says_how_far_it_searched(
         server.shutdown()
         server.server_close()
         broker.close()
+
+
+def test_one_queues_waiting_tasks_come_whole_from_the_claim_index_when_few(
+    history: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue with few PENDING tasks among many newer rows of other queues: listed whole
+    from the claim index, not searched for through the primary key; with more waiting than
+    browse.WAITING_LISTED, through the primary key, pages bounded, every match once."""
+    rare = TaskFilter(statuses=(TaskStatus.PENDING,), queue="rare")
+    expected = matching(history, rare)
+    assert 0 < len(expected) < 50
+    page = browse_tasks(history, rare, before=None, limit=50, scan=10)  # the scan bound does not apply
+    assert [t.id for t in page.tasks] == expected and page.next is None and page.searched_to is None
+    params = page_params(rare, before=None, limit=50, scan=10)
+    [row] = history.execute(
+        "EXPLAIN (FORMAT JSON) " + q("browse_tasks_waiting"), params, prepare=False
+    ).fetchall()
+    used = index_uses(row["QUERY PLAN"])
+    assert "tether_tasks_claim_idx" in {name for name, _ in used}, used
+    assert all("(id = " in cond for name, cond in used if name == "tether_tasks_pkey"), used
+
+    monkeypatch.setattr(browse, "WAITING_LISTED", 100)  # queue a has about 1,100 waiting
+    many = TaskFilter(statuses=(TaskStatus.PENDING,), queue="a")
+    expected = matching(history, many)
+    assert len(expected) > 100
+    seen: list[uuid.UUID] = []
+    before: uuid.UUID | None = None
+    while True:
+        page = browse_tasks(history, many, before=before, limit=300, scan=400)
+        seen += [t.id for t in page.tasks]
+        if page.next is None:
+            break
+        before = page.next
+    assert seen == expected

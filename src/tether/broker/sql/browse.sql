@@ -97,6 +97,40 @@ WHERE (t.status = ANY(%(statuses)s::text[])
 ORDER BY ids.id DESC
 LIMIT %(limit)s::bigint;
 
+-- name: count_waiting_up_to
+-- How many PENDING tasks a queue has, counted in the claim index up to `bound`: few
+-- enough (fewer than the bound) that browse_tasks_waiting lists them all at once.
+SELECT count(*) AS n
+FROM (SELECT 1 FROM tether_tasks WHERE status = 'PENDING' AND queue = %(queue)s
+      LIMIT %(bound)s::bigint) counted;
+
+-- name: browse_tasks_waiting
+-- A list of one queue's PENDING tasks when it has few (count_waiting_up_to), complete,
+-- without the scan's bound: their ids come from the claim index, which holds only
+-- PENDING tasks and starts with the queue (and holds the id: no row is read for it), then
+-- the rows of the page only. Through the primary key, the newest rows may all be other
+-- queues' (a queue with 100 tasks waiting among 1,000,000 found none in 20,000 rows). The
+-- ids are MATERIALIZED, gathered whole (fewer than the bound) before they are ordered:
+-- never a read of the primary key backwards in the hope of meeting them.
+WITH waiting AS MATERIALIZED (
+    SELECT id FROM tether_tasks
+    WHERE status = 'PENDING' AND queue = %(queue)s
+      AND id < %(before)s::uuid
+      AND (%(id_from)s::uuid IS NULL OR id >= %(id_from)s::uuid)
+)
+SELECT t.id, t.name, t.queue, t.priority, t.status, t.attempt, t.retry_count, t.max_retries,
+       t.error_code, t.sent_at, t.started_at,
+       coalesce(t.completed_at, t.failed_at, t.cancelled_at, t.expired_at) AS finished_at,
+       t.claimed_by_worker_id, t.workflow_id, t.cancel_requested_at,
+       true AS matches, 0::bigint AS nth
+FROM (SELECT id FROM waiting ORDER BY id DESC) w
+JOIN tether_tasks t ON t.id = w.id
+WHERE t.status = 'PENDING'
+  AND (%(name)s::text IS NULL OR t.name = %(name)s::text)
+  AND (%(error_code)s::text IS NULL OR t.error_code = %(error_code)s::text)
+ORDER BY w.id DESC
+LIMIT %(limit)s::bigint;
+
 -- name: task_step
 -- The workflow a task is a step of, with the step's name (no row: not a step).
 SELECT w.id AS workflow_id, w.name AS workflow_name, w.status AS workflow_status,
