@@ -284,7 +284,7 @@ def test_pages_with_a_scan_bound_show_every_match_once_newest_first(history: Con
         assert all(t.id >= page.next for t in page.tasks)
         before = page.next
     assert seen == expected
-    if where.queue == "rare" and TaskStatus.FAILED not in where.statuses:
+    if where.queue == "rare" and not where.statuses:
         # 1 row in 150, read through the primary key: pages stop at their bound
         assert stopped > 0
 
