@@ -242,10 +242,12 @@ class Tether:
         resumed it, False if it was not paused."""
         return resume_queue(self.broker, check_queue(name, self.config.queues), by=by)
 
-    def queues(self) -> list[QueueInfo]:
+    def queues(self, *, exact: bool = False) -> list[QueueInfo]:
         """Every declared queue, every queue with tasks and every paused queue (all apps), as
-        ``tether queues`` shows them: counts per status, oldest due task's age, pause."""
-        return list_queues(self.broker, also=self.config.queues)
+        ``tether queues`` shows them: counts per status, oldest due task's age, pause. On a
+        large task table the finished counts are estimates (each QueueInfo's ``estimated``
+        names them); ``exact=True`` counts every row instead (seconds at millions of rows)."""
+        return list_queues(self.broker, also=self.config.queues, exact=exact)
 
     def retry_tasks(
         self,

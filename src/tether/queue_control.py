@@ -57,11 +57,12 @@ def resume_queue(broker: PostgresBroker, queue: str, *, by: str | None = None) -
     return True
 
 
-def list_queues(broker: PostgresBroker, *, also: Sequence[str] = ()) -> list[QueueInfo]:
+def list_queues(broker: PostgresBroker, *, also: Sequence[str] = (), exact: bool = False) -> list[QueueInfo]:
     """Every queue that has tasks, every paused queue and every name in ``also`` (an app's
-    declared queues, say), ordered by name."""
+    declared queues, say), ordered by name. On a large task table the finished counts are
+    estimates (named in each QueueInfo's ``estimated``); ``exact`` counts every row."""
     if isinstance(also, str):
         raise InvalidOptionError(f"also must be a sequence of queue names, not the string {also!r}")
     for name in also:
         check_queue_name(name, "also")
-    return broker.run(lambda conn: queues.queue_overview(conn, list(also)))
+    return broker.run(lambda conn: queues.queue_overview(conn, list(also), exact=exact))

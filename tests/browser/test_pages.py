@@ -244,3 +244,43 @@ def test_beyond_loopback_the_page_asks_for_the_token_before_it_shows_anything(
     finally:
         public.stop()
     assert TOKEN not in public.log()
+
+
+# 25,000 finished tasks of about 1.6 kB each (40 MB: more pages than the counts' sample of
+# 2,000, more rows than a task list's scan of 20,000): queue "rare" every 2,000th.
+LARGE_HISTORY = """
+INSERT INTO tether_tasks (id, name, queue, status, args, run_at, sent_at, enqueued_at, updated_at)
+SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7'
+        || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+       'ui.add', CASE WHEN i % 2000 = 0 THEN 'rare' ELSE 'default' END, 'COMPLETED',
+       jsonb_build_array(i, repeat('x', 1500)), ts, ts, ts, ts
+FROM (SELECT i, md5(i::text) AS h, now() - interval '1 day' + i * interval '1 second' AS ts
+      FROM generate_series(1, 25000) AS i) AS made
+"""
+
+
+def test_on_a_large_table_counts_are_marked_estimates_and_lists_search_further(
+    ui: ModuleType, dashboard: DashboardProcess, page: Page, db: psycopg.Connection[Any]
+) -> None:
+    db.execute(LARGE_HISTORY)
+    pending = ui.add.send(1, 2)  # nobody serves default here: it stays PENDING, counted exactly
+
+    page.goto(dashboard.url)
+    counts = page.locator("#counts")
+    expect(counts.locator("a.estimate").first).to_contain_text("≈")  # COMPLETED: sampled
+    expect(counts.locator("tbody tr").filter(has_text="default").locator("a.num").first).to_have_text("1")
+    expect(page.locator("#counts-estimated")).to_contain_text("estimated from a sample")
+    page.click("nav >> text=Queues")
+    expect(page.locator("#queues a.estimate").first).to_contain_text("≈")
+    expect(page.locator("#queues-estimated")).to_contain_text("estimated from a sample")
+
+    # 12 tasks of queue rare, one every 2,000: the first page reads 20,000 rows and finds 10.
+    page.goto(dashboard.url + "#/tasks?queue=rare")
+    rows = page.locator("#task-list tbody tr")
+    expect(rows).to_have_count(10)
+    expect(page.locator("#searched-to")).to_contain_text("older tasks are not searched yet")
+    page.click("#search-further")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#searched-to")).to_have_count(0)
+    expect(page.locator("#next-page")).to_have_count(0)
+    assert pending.status().value == "PENDING"

@@ -123,7 +123,7 @@ def test_pages_open_at_once_share_one_read_of_the_database(
         assert get(server.url + "api/status")[2] == first  # the same read, generated_at and all
         monkeypatch.setattr(dashboard, "SNAPSHOT_MAX_AGE_S", 0.0)
         fresh = json.loads(get(server.url + "api/status")[2])
-        assert fresh["counts"] == [{"queue": "low", "status": "PENDING", "n": 1}]
+        assert fresh["counts"] == [{"queue": "low", "status": "PENDING", "n": 1, "estimated": False}]
         assert fresh["generated_at"] > json.loads(first)["generated_at"]
     finally:
         server.shutdown()
@@ -257,7 +257,7 @@ def test_the_task_list_filters_and_pages_by_keyset(basic: ModuleType, db: psycop
         _, page = api(server, "api/tasks?status=pending,failed&name=fail")
         assert [t["id"] for t in page["tasks"]] == [str(failed.id)]
         _, page = api(server, "api/tasks?status=COMPLETED")
-        assert page == {"tasks": [], "next": None}
+        assert page == {"tasks": [], "next": None, "searched_to": None, "scan": 20_000}
 
         # The time range is the time each id was made (UUIDv7): all of them are from the last minute.
         since = quote((datetime.now(UTC) - timedelta(minutes=1)).isoformat())

@@ -59,7 +59,9 @@ async def test_async_send_get_status_cancel(basic: ModuleType, worker: WorkerPro
     assert await handle.status_async() is TaskStatus.COMPLETED
     info = await handle.info_async()
     assert (info.id, info.status, [a.outcome for a in info.attempts]) == (
-        handle.id, TaskStatus.COMPLETED, ["COMPLETED"]
+        handle.id,
+        TaskStatus.COMPLETED,
+        ["COMPLETED"],
     )
     assert await handle.cancel_async() is CancelReply.ALREADY_ENDED
 

@@ -437,9 +437,7 @@ def test_exponential_cap_must_cover_base() -> None:
     assert RetryPolicy.fixed(7_200, max_retries=1, auto_retry_for=["X"]).delay_seconds(1) > 3_600
 
 
-@pytest.mark.parametrize(
-    "codes", [[], set(), ["bad code"], [""], ["x" * 101], [1], None, 5, ["TRANSIENT\n"]]
-)
+@pytest.mark.parametrize("codes", [[], set(), ["bad code"], [""], ["x" * 101], [1], None, 5, ["TRANSIENT\n"]])
 def test_auto_retry_for_rejected(codes: Any) -> None:
     message = _fails(_policy, "auto_retry_for", auto_retry_for=codes)
     if codes == []:

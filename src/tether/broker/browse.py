@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from tether.broker.queries import q
@@ -24,6 +24,27 @@ from tether.result import TaskStatus, WorkflowStatus
 
 #: The cursor of a first page: every id is below it.
 TOP = uuid.UUID(int=(1 << 128) - 1)
+#: Rows one page of a task list reads at most, below its cursor, through the primary key.
+#: A filter that few tasks match stops there rather than read a large table to its end:
+#: the page says how far it searched, and the next page goes on from there. The rows are
+#: next to each other in the table (ids are made in time order): about 2,000 pages.
+SCAN = 20_000
+#: The same through a partial index (a list of unsuccessful or in-flight statuses only):
+#: those rows are spread over the whole table, each one read from a page of its own.
+SCAN_INDEXED = 2_000
+# Statuses with a partial index over their rows (migrations 1, 2, 10): a list of only
+# these reads that index, not the primary key, and its scan counts only their rows.
+UNSUCCESSFUL = frozenset({TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.EXPIRED})
+IN_FLIGHT = frozenset({TaskStatus.CLAIMED, TaskStatus.RUNNING})
+#: A list of one queue's PENDING tasks is read whole from the claim index when the queue
+#: has at most this many waiting (their ids sorted: about 10 ms for 10,000); beyond, it
+#: reads the primary key like any list, where a long backlog's tasks are many.
+WAITING_LISTED = 10_000
+
+
+def id_time(task_id: uuid.UUID) -> datetime:
+    """When a UUIDv7 was made (its millisecond timestamp), as an aware datetime."""
+    return datetime.fromtimestamp((task_id.int >> 80) / 1000, UTC)
 
 
 def id_floor(at: datetime) -> uuid.UUID:
@@ -44,6 +65,22 @@ class TaskFilter:
     error_code: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of a task list, newest first.
+
+    ``next``: the cursor of the next page (None: nothing older is left). ``searched_to``:
+    set when the page stopped after reading its SCAN rows before it had ``limit`` matches;
+    then the tasks made before that moment (ids below ``next``) are not searched yet, and
+    a page with few or no tasks does not mean there are no more.
+    """
+
+    tasks: list[TaskSummary]
+    next: uuid.UUID | None
+    searched_to: datetime | None
+    scan: int  # the most rows this page could read
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,23 +115,64 @@ def limit_time(conn: Conn, ms: int) -> None:
     conn.execute(q("browse_time_limit"), {"ms": int(ms)})
 
 
-def browse_tasks(conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int) -> list[TaskSummary]:
-    """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
-    newest), newest first."""
+def page_params(where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int) -> dict[str, Any]:
+    """The parameters of a page's statement: one more row than ``limit``, and the statuses
+    (and error code) whose partial index the scan reads instead of the primary key (None:
+    the primary key; browse.sql says why only those)."""
     upper = before or TOP
     if where.until is not None:
         upper = min(upper, id_floor(where.until))
-    params = {
+    indexed = _indexed(where)
+    return {
         "before": upper,
         "id_from": None if where.since is None else id_floor(where.since),
         "statuses": list(where.statuses) or None,
         "queue": where.queue,
         "name": where.name,
         "error_code": where.error_code,
-        "limit": limit,
+        "index_statuses": list(where.statuses) if indexed else None,
+        # FAILED alone with a code: tether_tasks_failed_code_idx, keyed by the code.
+        "index_code": where.error_code if set(where.statuses) == {TaskStatus.FAILED} else None,
+        "scan": scan,
+        "limit": limit + 1,
     }
-    rows = conn.execute(q("browse_tasks"), params, prepare=False).fetchall()
-    return [with_status(TaskSummary, row, TaskStatus) for row in rows]
+
+
+def browse_tasks(
+    conn: Conn, where: TaskFilter, *, before: uuid.UUID | None, limit: int, scan: int | None = None
+) -> TaskPage:
+    """Up to ``limit`` tasks matching ``where`` with an id below ``before`` (None: from the
+    newest), newest first, reading at most ``scan`` rows (None: SCAN, or SCAN_INDEXED for
+    the statuses with a partial index)."""
+    indexed = _indexed(where)
+    scan = scan if scan is not None else SCAN_INDEXED if indexed else SCAN
+    params = page_params(where, before=before, limit=limit, scan=scan)
+    statement = "browse_tasks_indexed" if indexed else "browse_tasks"
+    if where.queue is not None and set(where.statuses) == {TaskStatus.PENDING}:
+        # One queue's waiting tasks: all of them from the claim index when they are few.
+        bound = {"queue": where.queue, "bound": WAITING_LISTED + 1}
+        counted = conn.execute(q("count_waiting_up_to"), bound).fetchone()
+        if counted is not None and counted["n"] <= WAITING_LISTED:
+            statement = "browse_tasks_waiting"
+    rows = conn.execute(q(statement), params, prepare=False).fetchall()
+    read_to = rows[-1] if rows and rows[-1]["nth"] == scan else None  # the scan's last row
+    matched = [with_status(TaskSummary, _summary(row), TaskStatus) for row in rows if row["matches"]]
+    if len(matched) > limit:
+        return TaskPage(matched[:limit], matched[limit - 1].id, None, scan)
+    if read_to is not None:
+        return TaskPage(matched, read_to["id"], id_time(read_to["id"]), scan)
+    return TaskPage(matched, None, None, scan)
+
+
+def _indexed(where: TaskFilter) -> bool:
+    """Whether every status asked for has a partial index (the list reads it, not the key)."""
+    wanted = set(where.statuses)
+    return bool(wanted) and (wanted <= UNSUCCESSFUL or wanted <= IN_FLIGHT)
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    del row["matches"], row["nth"]
+    return row
 
 
 def task_detail(conn: Conn, task_id: uuid.UUID) -> TaskDetail | None:

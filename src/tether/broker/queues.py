@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tether.broker.answers import Answer
+from tether.broker.counts import queue_counts
 from tether.broker.queries import q
 from tether.broker.rows import QueueInfo
 from tether.broker.types import Conn
@@ -54,7 +55,23 @@ def queue_known(conn: Conn, queue: str) -> bool:
     return bool(row is not None and row["known"])
 
 
-def queue_overview(conn: Conn, also: Sequence[str] = ()) -> list[QueueInfo]:
-    """Every queue with tasks, every paused queue and every name in ``also``, by name."""
-    rows = conn.execute(q("queue_overview"), {"also": list(also)}).fetchall()
-    return [QueueInfo.from_row(row) for row in rows]
+def queue_overview(conn: Conn, also: Sequence[str] = (), *, exact: bool = False) -> list[QueueInfo]:
+    """Every queue with tasks, every paused queue and every name in ``also``, by name.
+
+    The counts are counts.queue_counts's: on a large table the finished ones (and a long
+    backlog) are estimates, named in each QueueInfo's ``estimated``; ``exact`` counts every row.
+    """
+    counted: dict[str, dict[str, int]] = {}
+    estimated: dict[str, list[str]] = {}
+    for c in queue_counts(conn, exact=exact):
+        counted.setdefault(c.queue, {})[c.status.value] = c.n
+        if c.estimated:
+            estimated.setdefault(c.queue, []).append(c.status.value)
+    names = sorted({*counted, *also})
+    rows = conn.execute(q("queue_states"), {"names": names}).fetchall()
+    infos = []
+    for row in rows:
+        row["counts"] = counted.get(row["queue"], {})
+        row["estimated"] = tuple(estimated.get(row["queue"], ()))
+        infos.append(QueueInfo.from_row(row))
+    return infos

@@ -64,4 +64,3 @@ def claim(conn: Conn, worker_id: str | None, check_interval_ms: float) -> Reaper
 def schedule_next(conn: Conn, after_s: float) -> None:
     """In the claiming pass's transaction: the fleet's next pass is due ``after_s`` from now."""
     conn.execute(q("schedule_next_reaper_pass"), {"after": timedelta(seconds=after_s)})
-

@@ -181,7 +181,10 @@ class QueueInfo:
     counts: tasks per status, every status present (0 when none). oldest_pending_age_s:
     how long the oldest PENDING task that is due has waited since it became due, in
     database time (None: none is due). paused_at / paused_by: since when and by whom the
-    queue is paused (None when it is not, or when nobody was named).
+    queue is paused (None when it is not, or when nobody was named). estimated: the
+    statuses whose count is an estimate (on a large table: the finished ones, and PENDING
+    beyond 1,000; see docs/operations.md#counts-on-a-large-database); empty when every
+    count is exact.
     """
 
     queue: str
@@ -190,6 +193,7 @@ class QueueInfo:
     paused: bool
     paused_at: datetime | None
     paused_by: str | None
+    estimated: tuple[str, ...] = ()
 
     @classmethod
     def from_row(cls, row: Row) -> QueueInfo:

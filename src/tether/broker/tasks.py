@@ -15,7 +15,7 @@ from uuid import UUID
 
 from tether.broker.answers import Answer
 from tether.broker.queries import q
-from tether.broker.rows import AttemptInfo, TaskInfo, TaskSummary, with_status
+from tether.broker.rows import AttemptInfo, TaskInfo, with_status
 from tether.broker.types import AsyncConn, Conn
 from tether.result import TaskStatus
 
@@ -225,37 +225,9 @@ class Failure:
     claimed_by_worker_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class QueueCount:
-    queue: str
-    status: TaskStatus
-    n: int
-
-
-def list_tasks(
-    conn: Conn,
-    *,
-    status: TaskStatus | None = None,
-    queue: str | None = None,
-    name: str | None = None,
-    limit: int,
-) -> list[TaskSummary]:
-    """Tasks newest first, filtered by whichever of status, queue and name are given."""
-    params = {"status": status, "queue": queue, "name": name, "limit": limit}
-    return [
-        with_status(TaskSummary, row, TaskStatus) for row in conn.execute(q("list_tasks"), params).fetchall()
-    ]
-
-
 def recent_failures(conn: Conn, limit: int) -> list[Failure]:
     """The latest ``limit`` FAILED tasks, newest first."""
     return [Failure(**row) for row in conn.execute(q("recent_failures"), {"limit": limit}).fetchall()]
-
-
-def count_by_queue_status(conn: Conn) -> list[QueueCount]:
-    """How many tasks each queue has in each status (ordered by queue, then status)."""
-    rows = conn.execute(q("count_by_queue_status")).fetchall()
-    return [QueueCount(row["queue"], TaskStatus(row["status"]), row["n"]) for row in rows]
 
 
 def count_status_of(conn: Conn, task_ids: Sequence[UUID]) -> dict[TaskStatus, int]:

@@ -111,6 +111,27 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+#: `--exact` of the commands that count tasks per queue and status (counts.py says why not by default).
+exact_option = click.option(
+    "--exact",
+    is_flag=True,
+    help="Count every task, even on a large table (seconds at millions of rows) instead of "
+    "estimating the finished ones from a sample.",
+)
+
+#: Under a table with estimated counts (those shown with ESTIMATED before them).
+ESTIMATED = "~"
+ESTIMATE_NOTE = (
+    f"{ESTIMATED} estimated from a sample of the task table (finished tasks, and more than 1,000 "
+    "waiting in a queue); --exact counts every row"
+)
+
+
+def count_text(n: int, estimated: bool) -> str:
+    """A count as the tables show it: ``~12,000`` when it is an estimate."""
+    return f"{ESTIMATED}{n:,}" if estimated else str(n)
+
+
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     shown = Table(title=title, title_justify="left")
     for col in columns:

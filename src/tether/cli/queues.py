@@ -22,10 +22,11 @@ from tether.result import TaskStatus
     default=None,
     help="module:app whose declared queues are listed too, even those with no task yet.",
 )
-def queues(database_url: str | None, as_json: bool, app_path: str | None) -> None:
+@common.exact_option
+def queues(database_url: str | None, as_json: bool, app_path: str | None, exact: bool) -> None:
     """Every queue: tasks per status, how long the oldest due task has waited, and its pause."""
     also = common.load_config(database_url, app_path).queues if app_path else []
-    rows = list_queues(common.open_broker(database_url, app_path), also=also)
+    rows = list_queues(common.open_broker(database_url, app_path), also=also, exact=exact)
     if as_json:
         common.emit_json(rows)
         return
@@ -38,13 +39,15 @@ def queues(database_url: str | None, as_json: bool, app_path: str | None) -> Non
                 [
                     r.queue,
                     _state(r),
-                    *(r.counts[s] for s in statuses),
+                    *(common.count_text(r.counts[s], s in r.estimated) for s in statuses),
                     _age(r.oldest_pending_age_s),
                 ]
                 for r in rows
             ],
         )
     )
+    if any(r.estimated for r in rows):
+        common.console.print(common.ESTIMATE_NOTE, markup=False, highlight=False)
     # Since when and by whom under the table, one line each: the table stays narrow.
     for r in rows:
         if r.paused:

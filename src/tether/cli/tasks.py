@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import click
 from rich.table import Table
 
-from tether.broker.tasks import get_heartbeats, get_task, list_tasks
+from tether.broker import browse
+from tether.broker.tasks import get_heartbeats, get_task
 from tether.cli import common
 from tether.ids import parse_task_id
 from tether.result import TaskStatus
@@ -51,6 +54,12 @@ TASK_FIELDS = (
 @click.option("--queue", default=None, callback=common.queue_checked)
 @click.option("--name", default=None, callback=common.task_name_checked)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option(
+    "--before",
+    default=None,
+    callback=lambda ctx, param, value: _task_id(ctx, param, value),
+    help="Only tasks older than this task id (where the previous list stopped).",
+)
 def tasks(
     database_url: str | None,
     as_json: bool,
@@ -58,34 +67,59 @@ def tasks(
     queue: str | None,
     name: str | None,
     limit: int,
+    before: uuid.UUID | None,
 ) -> None:
-    """Recent tasks, newest first, filtered by status, queue or name."""
-    status = TaskStatus(status_.upper()) if status_ else None
-    rows = common.open_broker(database_url).run(
-        lambda conn: list_tasks(conn, status=status, queue=queue, name=name, limit=limit)
+    """Recent tasks, newest first, filtered by status, queue or name.
+
+    One call reads at most 20,000 tasks (2,000 of a FAILED, CANCELLED, EXPIRED, CLAIMED or
+    RUNNING list): when a filter matches few of them, it says how far back it searched and
+    the --before that goes on from there.
+    """
+    where = browse.TaskFilter(
+        statuses=(TaskStatus(status_.upper()),) if status_ else (), queue=queue, name=name
     )
+    page = common.open_broker(database_url).run(
+        lambda conn: browse.browse_tasks(conn, where, before=before, limit=limit)
+    )
+    rows = page.tasks
     if as_json:
         common.emit_json(rows)
-        return
-    common.console.print(
-        common.table(
-            "Tasks",
-            ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"],
-            [
+    else:
+        common.console.print(
+            common.table(
+                "Tasks",
+                ["id", "name", "queue", "status", "attempt", "error", "sent", "finished"],
                 [
-                    r.id,
-                    r.name,
-                    r.queue,
-                    r.status,
-                    r.attempt,
-                    r.error_code,
-                    common.ts(r.sent_at),
-                    common.ts(r.finished_at),
-                ]
-                for r in rows
-            ],
+                    [
+                        r.id,
+                        r.name,
+                        r.queue,
+                        r.status,
+                        r.attempt,
+                        r.error_code,
+                        common.ts(r.sent_at),
+                        common.ts(r.finished_at),
+                    ]
+                    for r in rows
+                ],
+            )
         )
-    )
+    if page.searched_to is not None:
+        # On stderr: the JSON on stdout stays the list it always was.
+        click.echo(
+            f"searched back to tasks made at {common.ts(page.searched_to)} (one call reads at most "
+            f"{page.scan:,} tasks); older ones are not searched yet: add --before {page.next}",
+            err=True,
+        )
+
+
+def _task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> uuid.UUID | None:
+    if value is None:
+        return None
+    try:
+        return parse_task_id(value, what="--before")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 @click.command()

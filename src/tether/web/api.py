@@ -58,12 +58,22 @@ def read(broker: PostgresBroker, work: Callable[[Conn], T]) -> T:
 
 
 def tasks_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
-    """``GET /api/tasks``: a page of tasks, newest first, and the cursor of the next page."""
+    """``GET /api/tasks``: a page of tasks, newest first, and the cursor of the next page.
+
+    ``searched_to`` (else null): the page read its ``scan`` rows (browse.SCAN, or
+    browse.SCAN_INDEXED) before it had ``limit`` matches, so tasks made before that time are
+    not searched yet; ``next`` goes on there.
+    """
     where = task_filter(query)
     before = _uuid(query, "before")
     limit = _limit(query)
-    rows = read(broker, lambda conn: browse.browse_tasks(conn, where, before=before, limit=limit + 1))
-    return {"tasks": rows[:limit], "next": str(rows[limit - 1].id) if len(rows) > limit else None}
+    page = read(broker, lambda conn: browse.browse_tasks(conn, where, before=before, limit=limit))
+    return {
+        "tasks": page.tasks,
+        "next": None if page.next is None else str(page.next),
+        "searched_to": page.searched_to,
+        "scan": page.scan,
+    }
 
 
 def task_filter(query: Query) -> browse.TaskFilter:

@@ -46,48 +46,34 @@ SELECT EXISTS (SELECT 1 FROM tether_tasks WHERE status = 'PENDING' AND queue = %
     OR EXISTS (SELECT 1 FROM tether_schedules WHERE queue = %(queue)s)
     OR EXISTS (SELECT 1 FROM tether_tasks WHERE queue = %(queue)s) AS known;
 
--- name: queue_overview
--- One row per queue: every queue with tasks, every paused queue and every name in
--- also (an app's declared queues), ordered by name. counts: {status: n}, statuses
--- with no task left out. The waiting and in-flight rows are read through their
--- partial indexes (tether_tasks_claim_idx for PENDING, which holds queue and run_at;
--- tether_tasks_in_flight_status_idx for CLAIMED and RUNNING), so that part costs as
--- much as the backlog, not the history. The terminal counts have no index holding
--- the queue (migration 0003 dropped it: every send paid for it): they are one pass
--- over the table, the same pass `tether status` makes. oldest_pending_age_s: how long
--- the oldest PENDING task that is due (run_at <= now()) has been due, in database
--- time; NULL when none is due.
-WITH pending AS (
-    SELECT queue, count(*) AS n,
-           extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
-               AS oldest_pending_age_s
-    FROM tether_tasks
-    WHERE status = 'PENDING'
-    GROUP BY queue
-), counted AS (
-    SELECT queue, 'PENDING' AS status, n FROM pending
-    UNION ALL
-    SELECT queue, status, count(*) FROM tether_tasks
-    WHERE status IN ('CLAIMED', 'RUNNING')
-    GROUP BY queue, status
-    UNION ALL
-    SELECT queue, status, count(*) FROM tether_tasks
-    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
-    GROUP BY queue, status
-), per_queue AS (
-    SELECT queue, jsonb_object_agg(status, n) AS counts FROM counted GROUP BY queue
-), names AS (
-    SELECT queue FROM per_queue
-    UNION
-    SELECT queue FROM tether_paused_queues
-    UNION
-    SELECT unnest(%(also)s::text[])
-)
-SELECT names.queue, coalesce(per_queue.counts, '{}'::jsonb) AS counts,
-       pending.oldest_pending_age_s,
+-- name: queue_states
+-- For each queue in names and every paused queue, by name: how long its oldest due
+-- PENDING task (run_at <= now()) has been due, in database time (NULL: none is due), and
+-- its pause. The counts come from counts.sql. The oldest due task is found in the claim
+-- index (queue, priority DESC, run_at, id) without reading the queue's backlog: a skip
+-- scan finds each priority the queue's PENDING tasks have (one probe each), and the first
+-- entry of each priority is its earliest run_at.
+SELECT n.queue, extract(epoch FROM now() - due.first_run_at)::float8 AS oldest_pending_age_s,
        p.queue IS NOT NULL AS paused, p.paused_at, p.paused_by
-FROM names
-LEFT JOIN per_queue ON per_queue.queue = names.queue
-LEFT JOIN pending ON pending.queue = names.queue
-LEFT JOIN tether_paused_queues p ON p.queue = names.queue
-ORDER BY names.queue;
+FROM (SELECT unnest(%(names)s::text[]) UNION SELECT queue FROM tether_paused_queues) AS n (queue)
+LEFT JOIN tether_paused_queues p ON p.queue = n.queue
+CROSS JOIN LATERAL (
+    WITH RECURSIVE priorities AS (
+        (SELECT t.priority FROM tether_tasks t
+         WHERE t.status = 'PENDING' AND t.queue = n.queue ORDER BY t.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT t.priority FROM tether_tasks t
+                WHERE t.status = 'PENDING' AND t.queue = n.queue AND t.priority < seen.priority
+                ORDER BY t.priority DESC LIMIT 1)
+        FROM priorities seen WHERE seen.priority IS NOT NULL
+    )
+    SELECT min(first.run_at) FILTER (WHERE first.run_at <= now()) AS first_run_at
+    FROM priorities pr
+    CROSS JOIN LATERAL (
+        SELECT t.run_at FROM tether_tasks t
+        WHERE t.status = 'PENDING' AND t.queue = n.queue AND t.priority = pr.priority
+        ORDER BY t.run_at LIMIT 1
+    ) first
+    WHERE pr.priority IS NOT NULL
+) due
+ORDER BY n.queue;

@@ -31,6 +31,12 @@ INSERT INTO tether_reaper DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- holds it. A worker that lost a race re-reads the row once the winner commits and finds
 -- it no longer due. pass is NULL when not claimed; due_in_s then says when the pass is
 -- due, as this statement's snapshot saw it (<= 0: due, but another worker holds it).
+-- For the rest of the pass's transaction: no parallel workers (serial). Each of its
+-- statements reads a few hundred rows through partial indexes; with parallel workers
+-- allowed, the planner read every workflow step ever kept in parallel (stuck_steps: a
+-- parallel seq scan of tether_workflow_tasks, 66-160 ms with 55,000 steps on a busy
+-- 2-core machine) rather than the ENQUEUED ones through their index (31 ms), and
+-- starting workers costs milliseconds of its own.
 WITH claimed AS (
     UPDATE tether_reaper
     SET last_pass_at = now(), last_worker_id = %(worker_id)s, passes = passes + 1
@@ -42,7 +48,8 @@ WITH claimed AS (
 )
 SELECT (SELECT passes FROM claimed) AS pass,
        extract(epoch FROM least(r.next_pass_at, r.last_pass_at + %(check_interval)s::interval)
-                          - now())::float8 AS due_in_s
+                          - now())::float8 AS due_in_s,
+       set_config('max_parallel_workers_per_gather', '0', true) AS serial
 FROM tether_reaper r WHERE r.singleton;
 
 -- name: schedule_next_reaper_pass

@@ -39,9 +39,16 @@ export function route(path, params) {
 }
 
 // A count that leads to the tasks it counts (right-aligned in its table like any number).
-export function countLink(href, n) {
-  return link(href, String(n), { class: "num" });
+// A count; an estimate (counted in a sample of the task table) shows as "≈12,000".
+export function countLink(href, n, estimated) {
+  return estimated
+    ? link(href, "≈" + n.toLocaleString("en-US"), { class: "num estimate", title: "estimate" })
+    : link(href, String(n), { class: "num" });
 }
+
+// Under a table that shows estimates.
+export const ESTIMATE_NOTE = "≈ estimated from a sample of the task table: finished tasks, and more than " +
+  "1,000 waiting in a queue. `tether status --exact` counts every row.";
 
 export function taskLink(id, text) {
   return link("#/task/" + encodeURIComponent(id), text || shortId(id), { class: "id", title: id });

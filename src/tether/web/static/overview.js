@@ -1,6 +1,6 @@
 // The overview (#/): what `tether status` shows, from /api/status, and manual recovery
 // (`tether recover`: a dry run first, then the real one when confirmed).
-import { countLink, dryRunButton, el, link, route, seconds, table, taskLink, time } from "./dom.js";
+import { ESTIMATE_NOTE, countLink, dryRunButton, el, link, route, seconds, table, taskLink, time } from "./dom.js";
 import { getJSON } from "./net.js";
 
 const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
@@ -12,11 +12,11 @@ export async function render(view, ctx) {
   const perQueue = new Map();
   for (const c of s.counts) {
     if (!perQueue.has(c.queue)) perQueue.set(c.queue, {});
-    perQueue.get(c.queue)[c.status] = c.n;
+    perQueue.get(c.queue)[c.status] = c;
   }
   const count = (q, st) => {
-    const n = perQueue.get(q)[st] || 0;
-    return n ? countLink(route("tasks", { queue: q, status: st }), n) : 0;
+    const c = perQueue.get(q)[st];
+    return c && c.n ? countLink(route("tasks", { queue: q, status: st }), c.n, c.estimated) : 0;
   };
   view.append(
     el("h2", { text: "Tasks per queue" }),
@@ -24,6 +24,7 @@ export async function render(view, ctx) {
           [...perQueue.keys()].sort().map(q => [link(route("tasks", { queue: q }), q),
                                                 ...STATUSES.map(st => count(q, st))]),
           "no tasks", { id: "counts" }),
+    s.counts.some(c => c.estimated) ? el("p", { class: "muted", id: "counts-estimated", text: ESTIMATE_NOTE }) : "",
     el("h2", { text: "Workers" }),
     table(["id", "status", "queues", "processes", "async processes", "claimed", "running", "heartbeat age"],
           s.workers.map(w => [w.id, w.status, w.queues.join(","), w.processes,

@@ -1,5 +1,5 @@
 // Queues (#/queues): tasks per status, the oldest due task's wait, pauses; pause and resume.
-import { badge, countLink, el, link, route, seconds, table, time } from "./dom.js";
+import { ESTIMATE_NOTE, badge, countLink, el, link, route, seconds, table, time } from "./dom.js";
 import { getJSON } from "./net.js";
 
 export const refreshMs = 2000;
@@ -13,7 +13,9 @@ export async function render(view, ctx) {
     const state = q.paused
       ? el("span", {}, badge("paused"), " since ", time(q.paused_at), q.paused_by ? " by " + q.paused_by : "")
       : badge("active");
-    const count = st => q.counts[st] ? countLink(route("tasks", { queue: q.queue, status: st }), q.counts[st]) : 0;
+    const count = st => q.counts[st]
+      ? countLink(route("tasks", { queue: q.queue, status: st }), q.counts[st], (q.estimated || []).includes(st))
+      : 0;
     const row = [link(route("tasks", { queue: q.queue }), q.queue), state, ...STATUSES.map(count),
                  seconds(q.oldest_pending_age_s)];
     if (ctx.canAct) {
@@ -28,5 +30,7 @@ export async function render(view, ctx) {
   view.append(el("h2", { text: "Queues" }),
               el("p", { class: "muted", text: "A paused queue keeps its tasks and accepts sends; no worker " +
                                               "claims from it until it is resumed. Running tasks go on." }),
-              table(headers, rows, "no queues", { id: "queues" }));
+              table(headers, rows, "no queues", { id: "queues" }),
+              queues.some(q => q.estimated && q.estimated.length)
+                ? el("p", { class: "muted", id: "queues-estimated", text: ESTIMATE_NOTE }) : "");
 }

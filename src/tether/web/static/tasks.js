@@ -81,7 +81,13 @@ export async function render(view, ctx) {
                          el("span", {}, badge(t.status), t.cancel_requested_at && t.status === "RUNNING" ? " cancel requested" : ""),
                          t.attempt, t.error_code || "", time(t.sent_at), time(t.started_at), time(t.finished_at),
                          t.claimed_by_worker_id || "", t.workflow_id ? workflowLink(t.workflow_id) : ""]),
-    before ? "no more tasks" : "no task matches", { id: "task-list" }));
+    page.searched_to ? "none in this part" : (before ? "no more tasks" : "no task matches"), { id: "task-list" }));
+  if (page.searched_to) { // the page stopped after reading its share of rows: older ones are not searched yet
+    view.append(el("p", { class: "muted", id: "searched-to" },
+      "Searched back to tasks made at ", time(page.searched_to),
+      ` (a page reads at most ${page.scan.toLocaleString("en-US")} tasks): older tasks are not searched yet. `,
+      link(route("tasks", { ...current, before: page.next }), "Search further »", { id: "search-further" })));
+  }
   const pager = el("div", { class: "pager" });
   if (before) pager.appendChild(link(route("tasks", current), "« first page", { id: "first-page" }));
   if (page.next) pager.appendChild(link(route("tasks", { ...current, before: page.next }), "next page »", { id: "next-page" }));
