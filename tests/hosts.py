@@ -454,12 +454,13 @@ class Host:
         log_path: Path,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        log_level: str = "INFO",
     ) -> HostWorker:
         """A `tether worker` process on this host (not started: ``.start()`` it). ``urls``: the
         database as this host reaches it (TCP over its link), and as the test does (the
         HostWorker's own queries: registration, sessions)."""
         host_url, test_url = urls
-        command = [sys.executable, "-m", "tether", "--log-level", "INFO", "worker", app_path, *args]
+        command = [sys.executable, "-m", "tether", "--log-level", log_level, "worker", app_path, *args]
         worker = HostWorker(
             app_path,
             test_url,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Final, LiteralString
 
+from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn
 
 WORK_CHANNEL: Final = "tether_work"
@@ -35,3 +36,12 @@ async def listen_worker_async(conn: AsyncConn) -> None:
     await conn.execute(
         _LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL] + "; " + _LISTEN[CONTROL_CHANNEL]
     )
+
+
+async def server_clock_async(conn: AsyncConn) -> float:
+    """The server's wall clock now, in seconds since the epoch: what tether_work's run_at is read against."""
+    cursor = await conn.execute(q("server_clock"))
+    row = await cursor.fetchone()
+    if row is None:  # a SELECT without FROM always returns its one row
+        raise RuntimeError("server_clock returned no row")
+    return float(row["epoch"])

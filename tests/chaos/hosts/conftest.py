@@ -111,13 +111,17 @@ class HostFactory:
         return host
 
     def worker(
-        self, host: Host, *args: str, env: dict[str, str] | None = None, wait: bool = True
+        self,
+        host: Host,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        log_level: str = "INFO",
     ) -> HostWorker:
         """A started `tether worker` of tests/apps/hosts.py on ``host``; waits for its startup."""
         log = self.logs / f"worker-{host.name}-{len(host.workers)}.log"
-        worker = host.worker(
-            APP, (self.db.host_url, self.db.url), log, ("--queues", f"default,{host.name}", *args), env
-        )
+        urls = (self.db.host_url, self.db.url)
+        worker = host.worker(APP, urls, log, ("--queues", f"default,{host.name}", *args), env, log_level)
         worker.start()
         if wait:
             worker.wait_registered()
