@@ -59,6 +59,8 @@ from tests.harness import REPO, WorkerProcess
 SERVER_ADDRESS = "10.231.0.1"  # PostgreSQL, on the db namespace's loopback device
 SERVER_PORT = 5432
 TOOLS = ("ip", "tc", "nsenter", "unshare", "setpriv", "hostname", "sh")
+#: Where the lab's commands are looked for: Debian keeps tc in /sbin, off an ordinary user's PATH.
+LAB_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"])
 COMMAND_TIMEOUT_S = 30.0
 
 
@@ -76,7 +78,9 @@ def faketime_library() -> Path | None:
 
 def problems() -> list[str]:
     """What this machine lacks to run a lab (empty: nothing)."""
-    found = [f"the command {tool!r} is missing" for tool in TOOLS if shutil.which(tool) is None]
+    found = [
+        f"the command {tool!r} is missing" for tool in TOOLS if shutil.which(tool, path=LAB_PATH) is None
+    ]
     if faketime_library() is None:
         found.append("libfaketime is missing: install tether's test extra (pip install -e '.[test]')")
     if not os.path.exists("/dev/net/tun"):
@@ -173,7 +177,8 @@ class Lab:
         """``command`` run inside the lab (its user, mount and network namespaces), as its root,
         in ``cwd``, dying with the test process."""
         return ["setpriv", "--pdeathsig", "KILL", "nsenter", "-t", str(self.holder_pid), "--user", "--mount",
-                "--net", "--preserve-credentials", f"--wd={cwd}", "--", *command]  # fmt: skip
+                "--net", "--preserve-credentials", f"--wd={cwd}", "--", "env", f"PATH={LAB_PATH}",
+                *command]  # fmt: skip
 
     def run(self, *command: str) -> str:
         """Run ``command`` in the lab and return its output; LabError if it fails."""
