@@ -31,17 +31,14 @@ def listen(conn: Conn, channel: str) -> None:
     conn.execute(_LISTEN[channel])
 
 
-async def listen_worker_async(conn: AsyncConn) -> None:
-    """A worker's listener: new work, schedule changes and operators' requests, in one round trip."""
-    await conn.execute(
-        _LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL] + "; " + _LISTEN[CONTROL_CHANNEL]
-    )
-
-
-async def server_clock_async(conn: AsyncConn) -> float:
-    """The server's wall clock now, in seconds since the epoch: what tether_work's run_at is read against."""
-    cursor = await conn.execute(q("server_clock"))
+async def listen_worker_async(conn: AsyncConn) -> float:
+    """A worker's listener: new work, schedule changes and operators' requests, in one round
+    trip; returns the server's wall clock (seconds since the epoch), which tether_work's
+    run_at is read against."""
+    cursor = await conn.execute(q("listen_worker"))
+    while cursor.nextset():  # past the LISTENs' results, to the clock's
+        pass
     row = await cursor.fetchone()
     if row is None:  # a SELECT without FROM always returns its one row
-        raise RuntimeError("server_clock returned no row")
+        raise RuntimeError("listen_worker returned no clock")
     return float(row["epoch"])

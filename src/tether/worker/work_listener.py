@@ -44,11 +44,11 @@ class ServerClock:
     def __init__(self) -> None:
         self._reading: tuple[float, float] | None = None  # (server epoch, time.monotonic() on the answer)
 
-    async def read(self, conn: AsyncConn) -> None:
-        epoch = await notifications.server_clock_async(conn)
-        # Counted from when the answer came, the server's time is never overestimated (the
-        # server read its clock before): a wake-up comes at most a round trip late, never
-        # early, when a claim would find nothing and the next look is a poll interval away.
+    def read(self, epoch: float) -> None:
+        """The server's clock said ``epoch``, in an answer that just came. Counted from the
+        answer, the server's time is never overestimated (the server read its clock before):
+        a wake-up comes at most a round trip late, never early, when a claim would find
+        nothing and the next look is a poll interval away."""
         self._reading = (epoch, time.monotonic())
 
     def due(self) -> bool:
@@ -109,13 +109,12 @@ class WorkListener(Service):
         conn = self._listening
         if conn is None or conn.closed:
             conn = await self.connection.get()
-            await notifications.listen_worker_async(conn)
-            await self.clock.read(conn)
+            self.clock.read(await notifications.listen_worker_async(conn))
             self._listening = conn
             self.on_listening()
             return 0.0
-        if self.clock.due():
-            await self.clock.read(conn)
+        if self.clock.due():  # LISTEN again (it changes nothing) to read the clock anew
+            self.clock.read(await notifications.listen_worker_async(conn))
         async for note in conn.notifies(timeout=self.listen_for_s):
             self._hand_on(note)
         return 0.0
