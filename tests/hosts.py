@@ -429,8 +429,12 @@ class Host:
             if library is None:
                 raise LabError(f"host {self.name} has a skewed clock, but libfaketime is missing")
             # The monotonic clock stays true: only the wall clock (time.time(), datetime.now()) moves.
+            # Without FORCE_MONOTONIC_FIX=0 (what the libfaketime package sets for Python too),
+            # libfaketime shifts the timeouts of condition variables it takes for wall-clock
+            # ones: a thread waiting for the GIL waited 0.2-0.5 s instead of 0.05, and a loaded
+            # worker stalled for seconds (its reaper's transactions hit the idle timeout).
             clock = ["env", f"LD_PRELOAD={library}", f"FAKETIME={self.clock}"]
-            clock.append("FAKETIME_DONT_FAKE_MONOTONIC=1")
+            clock += ["FAKETIME_DONT_FAKE_MONOTONIC=1", "FAKETIME_FORCE_MONOTONIC_FIX=0"]
         as_host = 'hostname "$0" && exec "$@"'
         in_netns = ("ip", "netns", "exec", self.netns)
         named = ("unshare", "--uts", "--", "sh", "-c", as_host, self.hostname)

@@ -88,8 +88,9 @@ def test_the_databases_clock_decides_whatever_the_hosts_clocks_say(
 ) -> None:
     db, tasks = lab_db.conn, lab_db.app.tasks
     host_a, host_b = hosts.add("a", clock=f"+{SKEW_S:.0f}"), hosts.add("b", clock=f"-{SKEW_S:.0f}")
-    a = hosts.worker(host_a, "--processes", "2", *POLL, env=FAST)
-    b = hosts.worker(host_b, "--processes", "2", *POLL, env=FAST)
+    a, b = (hosts.worker(h, "--processes", "2", *POLL, env=FAST, wait=False) for h in (host_a, host_b))
+    for worker in (a, b):
+        worker.wait_registered()
 
     clocks = {q: tasks["wall_clock"].with_options(queue=q).send(token()) for q in ("a", "b")}
     longs = {q: tasks["hold"].with_options(queue=q).send(token(), LONG_S) for q in ("a", "b")}
@@ -119,11 +120,8 @@ def test_the_databases_clock_decides_whatever_the_hosts_clocks_say(
     # Live tasks three thresholds long: never taken for dead.
     for queue, worker in (("a", a), ("b", b)):
         row, attempts = check_history(db, longs[queue].id)
-        assert (row["status"], len(attempts), row["claimed_by_worker_id"]) == (
-            "COMPLETED",
-            1,
-            worker.worker_id,
-        )
+        outcome = (row["status"], len(attempts), row["claimed_by_worker_id"])
+        assert outcome == ("COMPLETED", 1, worker.worker_id), f"{row}\n{attempts}\n{worker.log()}"
     assert not db.execute("SELECT 1 FROM tether_task_attempts WHERE error_code = 'WORKER_CRASHED'").fetchall()
 
     # Retries: due at the failure's time plus the delay (the database's), started then.
@@ -167,6 +165,7 @@ def test_the_databases_clock_decides_whatever_the_hosts_clocks_say(
         assert (
             timedelta(seconds=RUNNING_STALE_S) <= delay <= timedelta(seconds=RUNNING_STALE_S) + RECOVERY_SLACK
         ), f"the task of {owner} was recovered {delay} after its last heartbeat"
-    assert all(runs(db, t) == 1 for t in (task_row(db, i)["args"][0] for i in (task_b, task_a)))
+    ran = {i: runs(db, task_row(db, i)["args"][0]) for i in (task_b, task_a)}
+    assert set(ran.values()) == {1}, (ran, [attempt_rows(db, i) for i in ran], b2.log(), a.log())
     assert b2.alive()
     print(f"\nrecovered after: {', '.join(f'{o}: {d.total_seconds():.2f}s' for o, d in delays.items())}")

@@ -60,8 +60,9 @@ def test_slow_links_keep_heartbeats_and_claims_correct(lab_db: LabDatabase, host
         host.slow(DELAY_MS, JITTER_MS)
     trips = round_trips(host_a, lab_db.host_url)
     assert min(trips) >= 2 * (DELAY_MS - JITTER_MS) / 1000, f"the link is not slow: {trips}"
-    a = hosts.worker(host_a, "--processes", "2", env=FAST)
-    b = hosts.worker(host_b, "--processes", "2", env=FAST)
+    a, b = (hosts.worker(h, "--processes", "2", env=FAST, wait=False) for h in (host_a, host_b))
+    for worker in (a, b):  # started together: each start-up takes dozens of slow round trips
+        worker.wait_registered()
 
     long_tokens = {"a": token(), "b": token()}
     longs = [tasks["hold"].with_options(queue=q).send(t, LONG_S) for q, t in long_tokens.items()]
