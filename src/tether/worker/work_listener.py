@@ -33,6 +33,19 @@ log = logging.getLogger("tether.worker.work_listener")
 # notification that arrives between two ticks is kept by psycopg for the next one, so the
 # length changes nothing but how often the runner's loop turns while the worker is idle.
 LISTEN_FOR_S = 60.0
+
+#: How much of its worker's id a listener's connection name keeps: 'tether-listener ' and
+#: these make 63 bytes, all an application_name holds, and the end of the id (pid and
+#: random part) is what tells two workers apart. `tether health` finds each active worker's
+#: listener in pg_stat_activity by this name (broker/sql/health.sql, worker_liveness).
+LISTENER_ID_CHARS = 47
+
+
+def listener_role(worker_id: str | None) -> str:
+    """The role of a work listener's connection, named ``tether-<role>`` in pg_stat_activity."""
+    return "listener" if worker_id is None else f"listener {worker_id[-LISTENER_ID_CHARS:]}"
+
+
 #: How long a reading of the server's clock is counted on from: the monotonic clock drifts
 #: from the server's by at most a few hundred milliseconds an hour.
 CLOCK_READ_EVERY_S = 600.0
@@ -59,17 +72,6 @@ class ServerClock:
             return time.time()  # not read yet: the host's clock is the best guess there is
         epoch, answered = self._reading
         return epoch + (time.monotonic() - answered)
-
-#: How much of its worker's id a listener's connection name keeps: 'tether-listener ' and
-#: these make 63 bytes, all an application_name holds, and the end of the id (pid and
-#: random part) is what tells two workers apart. `tether health` finds each active worker's
-#: listener in pg_stat_activity by this name (broker/sql/health.sql, worker_liveness).
-LISTENER_ID_CHARS = 47
-
-
-def listener_role(worker_id: str | None) -> str:
-    """The role of a work listener's connection, named ``tether-<role>`` in pg_stat_activity."""
-    return "listener" if worker_id is None else f"listener {worker_id[-LISTENER_ID_CHARS:]}"
 
 
 class WorkListener(Service):
