@@ -493,16 +493,21 @@ class Host:
         """The link comes back, with its route: retransmitted packets get through again."""
         self.lab.run("ip", "-n", self.lab.db_netns, "link", "set", self.hub_device, "up")
 
-    def slow(self, delay_ms: float, jitter_ms: float = 0.0) -> None:
+    def slow(self, delay_ms: float, jitter_ms: float = 0.0, *, back_ms: float | None = None) -> None:
         """Every IPv4 packet on the link waits ``delay_ms`` (plus or minus ``jitter_ms``) in each
-        direction: a round trip takes twice the delay. See tests/delay_line.py."""
+        direction: a round trip takes twice the delay. ``back_ms``: another delay for what the
+        database sends back (0: none). See tests/delay_line.py."""
         if self._delay_lines:
             raise LabError(f"host {self.name}'s link is already slow")
-        for netns, device, line in (
-            (self.lab.db_netns, self.hub_device, f"slow{self.index}"),  # what the host sends
-            (self.netns, "eth0", "slow"),  # what the database sends back
+        back = delay_ms if back_ms is None else back_ms
+        for netns, device, line, wait_ms in (
+            (self.lab.db_netns, self.hub_device, f"slow{self.index}", delay_ms),  # what the host sends
+            (self.netns, "eth0", "slow", back),  # what the database sends back
         ):
-            command = [sys.executable, "-m", "tests.delay_line", line, str(delay_ms), str(jitter_ms)]
+            if wait_ms <= 0:
+                continue
+            jitter = min(jitter_ms, wait_ms)
+            command = [sys.executable, "-m", "tests.delay_line", line, str(wait_ms), str(jitter)]
             proc = self.lab.spawn(self.lab.argv("ip", "netns", "exec", netns, *command), ready="ready")
             self._delay_lines.append(proc)
             self.lab.run("ip", "-n", netns, "link", "set", line, "up")

@@ -246,3 +246,76 @@ def test_a_host_cut_off_is_recovered_elsewhere_and_its_late_writes_land_nowhere(
         f"taken from A {timeline.left_seen - cut_at} after the cut; late write arrived "
         f"{arrived[0].at - healed_at} after the heal"
     )
+
+
+#: Heartbeats every second, thresholds of 3 s: the isolation watch's margin is a quarter
+#: interval (0.25 s), and room is left for psycopg's prepare round trip (see below).
+SLOW_ANSWERS_ENV = {
+    **FAST,
+    "TETHER_CLAIMED_STALE_THRESHOLD_MS": "3000",
+    "TETHER_RUNNING_STALE_THRESHOLD_MS": "3000",
+}
+SLOW_ANSWERS_STALE_S = 3.0
+BACK_MS = 400.0  # more than the margin; a beat (two round trips when psycopg prepares it) within the interval
+
+
+def test_a_host_whose_answers_come_back_slowly_stops_its_children_before_any_reaper_may_act(
+    lab_db: LabDatabase, hosts: HostFactory
+) -> None:
+    """Host A's requests reach the database at once, the answers come back BACK_MS late. Its
+    beats land in time, but A learns so only BACK_MS later. When its link is cut, A must freeze
+    its children a margin before the threshold counted from the *sending* of its last beat that
+    got through (the database stamped it later): counted from the answer, the freeze would come
+    BACK_MS less the margin after a reaper may take the tasks."""
+    db, tasks = lab_db.conn, lab_db.app.tasks
+    host_a, host_b = hosts.add("a"), hosts.add("b")
+    host_a.slow(0, back_ms=BACK_MS)
+    a = hosts.worker(host_a, "--processes", "2", env=SLOW_ANSWERS_ENV)
+    t_retry, t_fail = token(), token()
+    retry = tasks["hold_retry"].send(t_retry, 60, 0)
+    fail = tasks["hold_then_mark"].send(t_fail, 60)
+    running = [str(retry.id), str(fail.id)]
+    wait_all(db, running, {"RUNNING"}, why="A to run two tasks")
+    wait_until(lambda: runs(db, t_retry) == runs(db, t_fail) == 1, message="their ledger rows")
+    children = {pid for t in (t_retry, t_fail) for pid in run_pids(db, t)}
+    b = hosts.worker(host_b, "--processes", "2", env=SLOW_ANSWERS_ENV)
+    assert a.worker_id is not None and b.worker_id is not None
+
+    # Past psycopg's sixth run of the beat (it prepares the statement then: two round trips),
+    # a beat a second from A's start, and no isolation for slow answers alone.
+    started = worker_row(db, a.worker_id)["started_at"]
+    wait_until(lambda: db_now(db) - started > timedelta(seconds=8), timeout=20, message="A's first beats")
+    assert "isolating itself" not in a.log(), a.log()
+
+    timeline = Timeline(lab_db.url, children, running, a.worker_id).start()
+    try:
+        host_a.cut()
+        cut_at = db_now(db)
+        wait_all(db, running, {"COMPLETED", "FAILED"}, timeout=30, why="B to recover A's tasks")
+        wait_until(
+            lambda: timeline.stopped_seen is not None or timeline.error, timeout=10, message="the timeline"
+        )
+    finally:
+        timeline.stop()
+    assert timeline.error is None, timeline.error
+    assert timeline.stopped_seen is not None and timeline.left_seen is not None
+    assert timeline.stopped_seen < timeline.left_seen, (
+        f"A's children were still running at {timeline.stopped_seen}, after B took a task from A "
+        f"at {timeline.left_seen} (the cut was at {cut_at})\nA's log:\n{a.log()}"
+    )
+    row, attempts = check_history(db, retry.id)
+    assert row["status"] == "COMPLETED" and [x["worker_id"] for x in attempts] == [a.worker_id, b.worker_id]
+    row, (attempt,) = check_history(db, fail.id)
+    assert (row["status"], row["error_code"], attempt["worker_id"]) == (
+        "FAILED",
+        "WORKER_CRASHED",
+        a.worker_id,
+    )
+    for task_id in running:
+        silent = recovered_at(db, task_id) - last_beat(db, task_id, a.worker_id)
+        assert timedelta(seconds=SLOW_ANSWERS_STALE_S) <= silent, f"task {task_id} recovered early: {silent}"
+    assert [runs(db, t_retry), runs(db, t_fail), runs(db, t_fail + ":done")] == [2, 1, 0]
+    print(
+        f"\nslow answers: A's children seen stopped {timeline.stopped_seen - cut_at}, first task taken "
+        f"from A {timeline.left_seen - cut_at} after the cut"
+    )
