@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from tests.apps.hosts import RETRY_DELAY_S
 from tests.apps.support import attempt_rows, task_row
 from tests.chaos.conftest import CHECK_S, FAST, RUNNING_STALE_S, check_history, db_now, runs, token, wait_all
 from tests.chaos.hosts.conftest import HostFactory, LabDatabase
@@ -129,6 +128,10 @@ def test_the_databases_clock_decides_whatever_the_hosts_clocks_say(
         row, attempts = check_history(db, retried[queue].id)
         first, second = attempts
         assert (first["error_code"], first["will_retry"], row["status"]) == ("FIRST_RUN", True, "COMPLETED")
+        # Imported here, not at the top: tests.apps.hosts imports the chaos app, which binds its
+        # database at import, and collection (in every process of a run) would bind it to none.
+        from tests.apps.hosts import RETRY_DELAY_S
+
         assert row["run_at"] - first["finished_at"] == timedelta(seconds=RETRY_DELAY_S), (row, first)
         late = second["started_at"] - row["run_at"]
         assert timedelta(0) <= late <= START_SLACK, (
