@@ -74,9 +74,15 @@ def test_a_worker_holds_four_connections_idle_and_one_per_child_that_ran_a_task(
     wait_until(
         lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait for work"
     )
-    # Idle: its pool's one connection, the heartbeat, the work listener, and the one the
+    # Idle: its pool's connection, the heartbeat, the work listener, and the one the
     # reaper, the scheduler and startup reconciliation take turns on. No child has one yet.
-    wait_until(lambda: sessions(db) == WORKER_IDLE, timeout=10, message=f"{WORKER_IDLE}, not {sessions(db)}")
+    # The pool keeps 1, but a busy start (its claim and its waiting registration at once)
+    # can open a second, kept until it has been idle 10 minutes: never more than its 3.
+    def idle_as_documented() -> bool:
+        now = sessions(db)
+        return 1 <= now.get("tether-worker", 0) <= 3 and {**now, "tether-worker": 1} == WORKER_IDLE
+
+    wait_until(idle_as_documented, timeout=10, message=f"{WORKER_IDLE}, not {sessions(db)}")
 
     # Work for every child: two sync tasks that each hold a child, an async one that reports
     # progress. The pool may grow while tasks flow, never past its 3.
