@@ -338,7 +338,7 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         database_url,
         app_config(database_url),
         {"default"},
-        on_work=lambda due_in: heard.append(("work", due_in)),
+        on_work=lambda queue, run_at: heard.append(("work", (queue, run_at))),
         on_listening=lambda: heard.append(("listening", None)),
         on_schedules=lambda: heard.append(("schedules", None)),
         on_control=lambda verb, arguments: heard.append(("control", (verb, arguments))),
@@ -356,7 +356,7 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         while len(heard) < 3:
             assert await listener.tick() == 0.0
         assert [kind for kind, _ in heard] == ["work", "schedules", "control"]
-        assert 55 < heard[0][1] <= 60 and heard[2][1] == ("pause", ["default"])
+        assert heard[0][1] == ("default", due) and heard[2][1] == ("pause", ["default"])
 
         terminate(db, "listener")
         with pytest.raises(psycopg.OperationalError):

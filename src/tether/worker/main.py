@@ -22,6 +22,8 @@ import asyncio
 import logging
 import os
 import signal
+import time
+from datetime import UTC, datetime
 
 from tether import __version__, outcomes
 from tether.app import Tether
@@ -293,7 +295,7 @@ class StartedWorker:
             url,
             config,
             set(worker.queues),
-            on_work=triggers.on_notification,
+            on_work=self._on_work,
             on_listening=self._on_listening,
             on_schedules=self.scheduler.wake,
             on_control=self._on_control,
@@ -356,10 +358,18 @@ class StartedWorker:
                 "work listener not connected after %.0fs; going on (the poll finds work meanwhile)", timeout
             )
 
+    def _on_work(self, queue: str, run_at: float | None) -> None:
+        """New work on ``queue`` from ``run_at`` (Unix seconds, database time; None: unknown)."""
+        when = None if run_at is None else datetime.fromtimestamp(run_at, UTC)
+        self.claimer.marks.rewind(queue, when)  # the claim must read back to it
+        self.worker.triggers.on_notification(None if run_at is None else run_at - time.time())
+
     def _on_listening(self) -> None:
-        # Notifications sent while the listener was down are lost: look once, and
-        # register as waiting again (the reaper may have removed the row meanwhile).
+        # Notifications sent while the listener was down are lost: look once (without
+        # marks: what they announced may sit behind one), and register as waiting again
+        # (the reaper may have removed the row meanwhile).
         self.listening.set()
+        self.claimer.marks.forget()
         self.registration.forget()
         self.worker.triggers.work_may_wait()
         self.scheduler.wake()

@@ -10,7 +10,6 @@ connection drops, the next tick connects again, after 0.1 s, backing off up to 5
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from psycopg import Notify
@@ -31,8 +30,9 @@ LISTEN_FOR_S = 60.0
 
 
 class WorkListener(Service):
-    """Calls ``on_work(seconds_until_due)`` for every notification of new work on one of
-    ``queues``, ``on_schedules()`` for every change to a schedule of one of them, and
+    """Calls ``on_work(queue, run_at)`` for every notification of new work on one of
+    ``queues`` (``run_at``: the earliest due time announced, Unix seconds in database time;
+    None if unreadable), ``on_schedules()`` for every change to a schedule of one of them, and
     ``on_control(verb, arguments)`` for every operator's request (notifications.py lists them)."""
 
     name = "work listener"
@@ -45,7 +45,7 @@ class WorkListener(Service):
         config: AppConfig,
         queues: set[str],
         *,
-        on_work: Callable[[float | None], None],
+        on_work: Callable[[str, float | None], None],
         on_listening: Callable[[], None],
         on_schedules: Callable[[], None],
         on_control: Callable[[str, list[str]], None],
@@ -84,15 +84,15 @@ class WorkListener(Service):
         if note.channel == notifications.SCHEDULES_CHANNEL:
             self.on_schedules()
         else:
-            self.on_work(_seconds_until(run_at))
+            self.on_work(queue, _epoch(run_at))
 
     async def close(self) -> None:
         self._listening = None
         await self.connection.close()
 
 
-def _seconds_until(epoch: str) -> float | None:
+def _epoch(text: str) -> float | None:
     try:
-        return float(epoch) - time.time()
+        return float(text)
     except ValueError:
         return None
