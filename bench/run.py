@@ -33,6 +33,7 @@ from tests.harness import REPO
 
 from bench.apps import make_app
 from bench.async_tasks import ASYNC_SCENARIOS
+from bench.held_horizon import HELD_HORIZON_SCENARIOS
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
@@ -50,6 +51,7 @@ SCENARIOS = {
     **WORKFLOW_SCENARIOS,
     **PERIODIC_SCENARIOS,
     **ASYNC_SCENARIOS,
+    **HELD_HORIZON_SCENARIOS,
 }
 
 

@@ -50,6 +50,15 @@ QUICK = RecoveryConfig(
 )
 
 
+# No marks (worker/claim_marks.py): the claim reads each queue from its start.
+NO_MARKS: dict[str, list[Any]] = {
+    "mark_queues": [],
+    "mark_priorities": [],
+    "mark_run_ats": [],
+    "mark_ids": [],
+}
+
+
 def app_config(url: str) -> AppConfig:
     return AppConfig(broker=PostgresConfig(database_url=url, connect_timeout_s=5), recovery=QUICK)
 
@@ -66,6 +75,7 @@ def claim(db: Conn, worker_id: str, limit: int = 1) -> list[str]:
             "async_names": [],
             "worker_id": worker_id,
             "skip_names": [],
+            **NO_MARKS,
         },
     ).fetchall()
     return [str(r["id"]) for r in rows]
