@@ -5,17 +5,17 @@ Each tick, in this order: expire PENDING tasks past good_until; requeue stale
 CLAIMED; retry or fail stale RUNNING; mark silent workers inactive (all in one
 transaction); then reconcile workflow steps whose task has ended (including the
 ones this tick just failed) and finish workflows, one transaction per workflow
-and only when there is any; prune by retention (at most hourly). Between
-ticks it sleeps until the next task would turn stale or expire, but never
-longer than check_interval_ms, so recovery does not wait for a fixed tick; when a
-step filled its batch, it goes again at once. On a database error it tries again
-after 0.5 s, backing off up to check_interval_ms.
+and only when there is any; then delete what is past its retention, in small batches
+(worker/retention.py). Between ticks it sleeps until the next task would turn stale or
+expire, but never longer than check_interval_ms, so recovery does not wait for a fixed
+tick; when a step filled its batch, it goes again at once, and when retention is behind,
+after PRUNE_AGAIN_S. On a database error it tries again after 0.5 s, backing off up to
+check_interval_ms.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from tether.broker import recovery
@@ -23,12 +23,14 @@ from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
 from tether.db.connection import DedicatedConnection
 from tether.worker.backoff import Backoff
+from tether.worker.retention import Retention
 from tether.worker.services import Service
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
 
-PRUNE_EVERY_S = 3600.0
+# Retention used its budget with rows left: the next pass this soon.
+PRUNE_AGAIN_S = 0.1
 # Staleness is strict ("older than"): look a little after the moment itself.
 AFTER_DUE_S = 0.01
 MIN_SLEEP_S = 0.05
@@ -43,7 +45,7 @@ class Reaper(Service):
         super().__init__(Backoff(0.5, max(0.5, self.config.check_interval_ms / 1000)))
         self.connection = DedicatedConnection(url, config, "reaper")
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
-        self._last_prune = -PRUNE_EVERY_S  # prune on the first tick that gets the lock
+        self.retention = Retention(self.config)
         self.last: recovery.Recovered | None = None  # what the last pass did (None: another reaper acted)
 
     async def tick(self) -> float:
@@ -83,10 +85,9 @@ class Reaper(Service):
                 raise
             except DatabaseError as exc:
                 log.error("could not reconcile workflow steps: %s", exc)
-        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
-            self._last_prune = time.monotonic()
-            with conn.transaction():
-                recovery.prune(conn, self.config)
+        self.retention.run(conn)  # one commit per batch
+        if self.retention.behind:
+            wait = min(wait, PRUNE_AGAIN_S)
         return done, wait
 
     def _act(self, conn: Conn) -> recovery.Recovered:
