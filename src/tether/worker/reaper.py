@@ -5,8 +5,8 @@ Each tick, in this order: expire PENDING tasks past good_until; requeue stale
 CLAIMED; retry or fail stale RUNNING; mark silent workers inactive (all in one
 transaction); then reconcile workflow steps whose task has ended (including the
 ones this tick just failed) and finish workflows, one transaction per workflow
-and only when there is any; then delete what is past its retention, in small batches
-(worker/retention.py). Between ticks it sleeps until the next task would turn stale or
+and only when there is any; then, once a minute, delete what is past its retention, in
+small batches (worker/retention.py). Between ticks it sleeps until the next task would turn stale or
 expire, but never longer than check_interval_ms, so recovery does not wait for a fixed
 tick; when a step filled its batch, it goes again at once, and when retention is behind,
 after PRUNE_AGAIN_S. On a database error it tries again after 0.5 s, backing off up to
@@ -85,7 +85,8 @@ class Reaper(Service):
                 raise
             except DatabaseError as exc:
                 log.error("could not reconcile workflow steps: %s", exc)
-        self.retention.run(conn)  # one commit per batch
+        if self.retention.due:
+            self.retention.run(conn)  # one commit per batch
         if self.retention.behind:
             wait = min(wait, PRUNE_AGAIN_S)
         return done, wait

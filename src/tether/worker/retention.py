@@ -1,5 +1,6 @@
-"""Retention in the worker: after each reaper pass that acted, delete what is past its
-retention, in small batches, until caught up or for at most ``budget_s``.
+"""Retention in the worker: after a reaper pass that acted, at most once per ``every_s``
+(and at once while behind), delete what is past its retention, in small batches, until
+caught up or for at most ``budget_s``.
 
 Each batch is one statement and one commit of at most ``batch`` rows (broker/retention.py),
 so no lock is held for long and a batch never waits for another pruner. A pass that used
@@ -28,6 +29,8 @@ log = logging.getLogger("tether.recovery")
 
 BATCH = 1_000  # rows per batch: tens of milliseconds of locks
 BUDGET_S = 1.0  # per pass
+# A pass that finds nothing costs one statement per category: not on every reaper tick.
+EVERY_S = 60.0
 FROM_THE_START_EVERY_S = 3600.0
 LOG_EVERY_S = 60.0  # what was pruned is logged at most this often (the first pass at once)
 
@@ -39,13 +42,16 @@ class Retention:
         *,
         batch: int = BATCH,
         budget_s: float = BUDGET_S,
+        every_s: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.batch = batch
         self.budget_s = budget_s
+        self.every_s = every_s
         self.clock = clock
         self.behind = False  # the last pass ran out of budget with rows left
+        self._next_at = clock()  # the first pass that acts prunes
         self._after: dict[str, datetime] = {}
         self._from_start_at = clock()  # the first pass reads from the start
         self._pruned: dict[str, int] = {}
@@ -53,10 +59,15 @@ class Retention:
         self._longest_s = 0.0
         self._logged_at: float | None = None
 
+    @property
+    def due(self) -> bool:
+        return self.behind or self.clock() >= self._next_at
+
     def run(self, conn: Conn) -> dict[str, int]:
         """One pass over every category (``conn`` in autocommit: one commit per batch); the
         rows deleted per category."""
         started = self.clock()
+        self._next_at = started + self.every_s
         if started >= self._from_start_at:
             self._after.clear()
             self._from_start_at = started + FROM_THE_START_EVERY_S
