@@ -304,7 +304,7 @@ def claim_ran_since(db: psycopg.Connection[Any], since: Any) -> bool:
     row = db.execute(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
         " AND query LIKE %s AND state = 'idle' AND query_start >= %s",
-        ("WITH scanned AS (%", since),
+        ("WITH marks AS (%", since),
     ).fetchone()
     return row is not None and row["n"] > 0
 

@@ -7,12 +7,13 @@ by step, and takes it down in reverse: nothing here is ``None`` until a step has
 
 - holdings.py: where each held task sits (unhanded, a child's current task, its queue)
 - claimer.py: the claim loop; claim_triggers.py: what makes it look for work again;
-  notify_registration.py: asking senders to notify
+  claim_marks.py: where its claims start reading; notify_registration.py: asking
+  senders to notify
 - dispatch.py: handing tasks to the children and following them; supervisor.py: the
   child processes (and killing hung ones); recorder.py: fenced writes, crashes included
 - services.py: the background services, each a module with its tick: work_listener.py
   (LISTEN), heartbeat.py (the one statement per interval), isolation.py (stopping our
-  own work when heartbeats cannot get through), reaper.py, scheduler.py
+  own work when heartbeats cannot get through), reaper.py (with retention.py), scheduler.py
 - time_limits.py, cancels.py; reconcile.py (start-up)
 """
 
