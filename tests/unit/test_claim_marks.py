@@ -116,3 +116,24 @@ def test_marks_per_queue_are_bounded_dropping_the_lowest_bands() -> None:
     many = [at(1, priority=p) for p in range(MAX_MARKS_PER_QUEUE + 3)]
     marks = marks_after_first_read(clock, *many)
     assert sorted(p for _, p in marks.marks) == list(range(3, MAX_MARKS_PER_QUEUE + 3))
+
+
+def test_a_mark_moves_to_the_furthest_row_whatever_order_the_claim_returned_them_in() -> None:
+    clock = Clock()
+    marks = marks_after_first_read(clock, at(1))
+    marks.after_claim(
+        took(at(4, n=2), at(5, n=1), at(4, n=3)), full_read=False, filled=True, spent_s=0, exact=True
+    )
+    assert marks.marks == {("default", 0): at(5, n=1)}
+    marks.after_claim(took(at(6, n=9), at(6, n=7)), full_read=False, filled=True, spent_s=0, exact=True)
+    assert marks.marks == {("default", 0): at(6, n=9)}  # same run_at: the greater id
+
+
+def test_rewinds_told_while_no_claim_runs_are_bounded() -> None:
+    clock = Clock()
+    marks = marks_after_first_read(clock, at(1), at(1, queue="other"))
+    for i in range(1_000):
+        marks.rewind("default", T0 + timedelta(seconds=100 + i))  # each after every mark
+    assert len(marks.marks) == 2
+    marks.after_claim(took(at(2)), full_read=False, filled=True, spent_s=0, exact=True)
+    assert marks.marks == {}  # too many to keep: every mark dropped, which is never wrong

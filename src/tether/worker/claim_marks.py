@@ -40,6 +40,8 @@ RESCAN_SHARE = 0.05
 MAX_MARKS_PER_QUEUE = 16
 # A notification's run_at is text with microseconds, read as a float: compare with a margin.
 EPOCH_SLACK = timedelta(milliseconds=1)
+# Rewinds remembered while no claim runs (a busy worker); past that, all marks go at once.
+MAX_TOLD_MEANWHILE = 100
 
 
 class ClaimMarks:
@@ -72,8 +74,12 @@ class ClaimMarks:
         if full_read:
             self._next_full = self.clock() + max(self.rescan_s, spent_s / RESCAN_SHARE)
             self._marks = self._kept_after_full_read(claimed, filled=filled, exact=exact)
-        for place in claimed.advances:
-            self._marks[(place.queue, place.priority)] = place
+        furthest: dict[tuple[str, int], Place] = {}
+        for place in claimed.advances:  # in any order (an UPDATE returns its rows so)
+            key = (place.queue, place.priority)
+            if key not in furthest or (place.run_at, place.id) > (furthest[key].run_at, furthest[key].id):
+                furthest[key] = place
+        self._marks.update(furthest)
         for queue, run_at in self._told_meanwhile:
             self._drop(queue, run_at)
         self._told_meanwhile = []
@@ -109,12 +115,18 @@ class ClaimMarks:
         """Work at ``run_at`` was announced on ``queue``: drop the marks it may sit behind
         (None: the time is unknown, drop them all)."""
         self._drop(queue, run_at)
-        self._told_meanwhile.append((queue, run_at))
+        self._tell((queue, run_at))
 
     def forget(self) -> None:
         """Drop every mark (notifications may have been missed)."""
         self._drop(None, None)
-        self._told_meanwhile.append((None, None))
+        self._tell((None, None))
+
+    def _tell(self, rewind: tuple[str | None, datetime | None]) -> None:
+        if len(self._told_meanwhile) >= MAX_TOLD_MEANWHILE:
+            self._told_meanwhile = [(None, None)]  # drops everything: never wrong
+        else:
+            self._told_meanwhile.append(rewind)
 
     def _drop(self, queue: str | None, run_at: datetime | None) -> None:
         for key, mark in list(self._marks.items()):
