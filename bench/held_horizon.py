@@ -21,7 +21,11 @@ is not affected by the held one.) Each round:
    VACUUM (on a server with autovacuum off, what recovers is tether's own doing).
 
 Rounds: 2 (``--quick``: 1, with 4,000 tasks of churn and drains of 4,000);
-``TETHER_BENCH_HELD_ROUNDS`` sets another number.
+``TETHER_BENCH_HELD_ROUNDS`` sets another number. Side by side, the two share the machine's
+two cores, so CPU one spends the other lacks: the ratio understates a difference of CPU.
+``TETHER_BENCH_HELD_MODE=alternate`` runs each step in the held database, then in the clean
+one, each worker alone (held, clean, held, clean, ...): no sharing, but each run meets the
+machine's load of its own moment.
 
 Progress is watched by counting ``tether_task_attempts`` (one row per finished no-op
 task; insert-only, so the hold leaves it no dead rows): a count of PENDING rows would
@@ -113,6 +117,7 @@ def held_horizon(ctx: Context) -> Outcome:
 
 
 def _round(ctx: Context, held_db: BenchDatabase, churn: int, drain: int, n: int) -> dict[str, Any]:
+    together = os.environ.get("TETHER_BENCH_HELD_MODE", "side_by_side") != "alternate"
     dbs = {"held": held_db, "clean": ctx.db}
     for db in dbs.values():
         db.reset_tasks()
@@ -121,13 +126,13 @@ def _round(ctx: Context, held_db: BenchDatabase, churn: int, drain: int, n: int)
     try:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM tether_schema_version").fetchone()  # reads: takes its snapshot
-        run["churn_s"] = _side_by_side(ctx, dbs, lambda db, worker: _churn(db, worker, churn))
+        run["churn_s"] = _side_by_side(ctx, dbs, lambda db, worker: _churn(db, worker, churn), together)
         run["dead_after_churn"] = {k: _dead(db) for k, db in dbs.items()}
-        run["drain"] = _drain(ctx, dbs, drain)
+        run["drain"] = _drain(ctx, dbs, drain, together)
         run["dead_after_drain"] = {k: _dead(db) for k, db in dbs.items()}
     finally:
         holder.close()  # the hold ends: nothing vacuums (autovacuum is off on the test server)
-    run["after_release"] = _drain(ctx, dbs, drain)
+    run["after_release"] = _drain(ctx, dbs, drain, together)
     print(
         f"held_horizon           round {n + 1}: churn held {run['churn_s']['held']:.1f}s / clean"
         f" {run['churn_s']['clean']:.1f}s; drain held {run['drain']['held']:,.0f} / clean"
@@ -148,9 +153,15 @@ def _start(ctx: Context, db: BenchDatabase, label: str) -> WorkerProcess:
 
 
 def _side_by_side(
-    ctx: Context, dbs: dict[str, BenchDatabase], work: Callable[[BenchDatabase, WorkerProcess], float]
+    ctx: Context,
+    dbs: dict[str, BenchDatabase],
+    work: Callable[[BenchDatabase, WorkerProcess], float],
+    together: bool = True,
 ) -> dict[str, float]:
-    """``work`` in every database at once, each with its own worker; each one's result."""
+    """``work`` in every database at once (or one after the other), each with its own worker;
+    each one's result."""
+    if not together:
+        return {label: _side_by_side(ctx, {label: db}, work)[label] for label, db in dbs.items()}
     results: dict[str, float] = {}
     errors: list[BaseException] = []
     workers = {label: _start(ctx, db, label) for label, db in dbs.items()}
@@ -194,8 +205,12 @@ def _churn(db: BenchDatabase, worker: WorkerProcess, n: int) -> float:
         app.close()
 
 
-def _drain(ctx: Context, dbs: dict[str, BenchDatabase], n: int) -> dict[str, float]:
-    """Both drains at once; each one's rate over the window in which both were running."""
+def _drain(ctx: Context, dbs: dict[str, BenchDatabase], n: int, together: bool = True) -> dict[str, float]:
+    """Both drains at once (or one after the other); each one's rate over the window in which
+    both were running (or its own, until it finished)."""
+    if not together:
+        rates = {label: _drain(ctx, {label: db}, n)[label] for label, db in dbs.items()}
+        return {**rates, "ratio": rates["held"] / rates["clean"]}
     base = {}
     for label, db in dbs.items():
         app = make_app(db.url)
@@ -223,6 +238,8 @@ def _drain(ctx: Context, dbs: dict[str, BenchDatabase], n: int) -> dict[str, flo
         for worker in workers.values():
             worker.stop()
     rates = {label: (at1[label] - at0[label]) / window for label in dbs}
+    if len(dbs) == 1:
+        return rates
     return {**rates, "ratio": rates["held"] / rates["clean"], "window_s": window}
 
 
