@@ -80,7 +80,12 @@ def held_horizon(ctx: Context) -> Outcome:
     ratios = [r["drain"]["ratio"] for r in runs]
     recovered = [r["after_release"]["ratio"] for r in runs]
     return Outcome(
-        f"{churn:,} tasks of churn, then drains of {drain:,}, held and clean side by side:"
+        f"{churn:,} tasks of churn, then drains of {drain:,}, held and clean"
+        + (
+            " one after the other:"
+            if os.environ.get("TETHER_BENCH_HELD_MODE") == "alternate"
+            else " side by side:"
+        )
         + " held/clean per round "
         + ", ".join(f"{x:.2f}" for x in ratios)
         + "; after the hold ends "
