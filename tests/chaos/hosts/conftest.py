@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,19 @@ class LabDatabase:
 
 @pytest.fixture
 def lab_db(lab_server: LabServer) -> Iterator[LabDatabase]:
+    # The test apps bind their own app to TETHER_DATABASE_URL when first imported, and this
+    # test sets none: the app modules it imports first are forgotten at the end, or the
+    # next test of this process to load them would get them bound to no database.
+    before = set(sys.modules)
+    try:
+        yield from _lab_db(lab_server)
+    finally:
+        for name in set(sys.modules) - before:
+            if name.startswith("tests.apps."):
+                del sys.modules[name]
+
+
+def _lab_db(lab_server: LabServer) -> Iterator[LabDatabase]:
     from tests.apps.chaos import LEDGER_DDL
     from tests.apps.hosts import QUEUES, build
 
