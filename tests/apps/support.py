@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,11 +22,18 @@ def machinery_url(url: str | None = None) -> str:
     statements, which a transaction pooler would break, and it observes tether, not tested."""
     tether = os.environ.get("TETHER_DATABASE_URL")
     direct = os.environ.get("TETHER_TEST_DIRECT_URL")
-    if direct and (url is None or url == tether):
+    # Only for the same database: a test that runs its own server (a restart, a private
+    # database) gives its workers another TETHER_DATABASE_URL, and they inherit this variable.
+    same = tether is not None and direct is not None and _database(tether) == _database(direct)
+    if direct and same and (url is None or url == tether):
         return direct
     found = url or tether
     assert found, "no test database: the database_url fixture sets TETHER_DATABASE_URL"
     return found
+
+
+def _database(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
 
 
 def load_app_module(name: str, database_url: str) -> ModuleType:
