@@ -169,10 +169,11 @@ def fill_info(db: BenchDatabase) -> dict[str, Any]:
 # -- throughput -----------------------------------------------------------------------------------
 
 
-def drain(db: BenchDatabase, log: Path, n: int, *, whole: bool) -> dict[str, float]:
+def drain(db: BenchDatabase, log: Path, n: int, *, whole: bool, vacuum: bool = True) -> dict[str, float]:
     """A worker drains ``n`` no-op tasks of queue default (``whole``: everything there is)."""
     with psycopg.connect(db.url, autocommit=True) as conn:
-        conn.execute("VACUUM (ANALYZE) tether_tasks")  # both databases alike: settled, analysed
+        if vacuum:
+            conn.execute("VACUUM (ANALYZE) tether_tasks")  # both databases alike: settled, analysed
         (since,) = conn.execute("SELECT now()").fetchone() or (None,)
     worker: WorkerProcess = bench_worker(db, log, 2, extra_args=("--queues", "default"))
     worker.start()
