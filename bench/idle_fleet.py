@@ -253,7 +253,7 @@ def _statement_label(query: str) -> str:
 
 
 def reaper_passes(fleet_db: psycopg.Connection[Any]) -> int | None:
-    """The fleet's reaper passes so far (tether_reaper, migration 13); None before that schema."""
+    """The fleet's reaper passes so far (tether_reaper, migration 11); None before that schema."""
     if not fleet_db.execute("SELECT to_regclass('tether_reaper') IS NOT NULL").fetchone()[0]:  # type: ignore[index]
         return None
     row = fleet_db.execute("SELECT passes FROM tether_reaper").fetchone()

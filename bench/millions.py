@@ -316,7 +316,7 @@ def reaper(db: BenchDatabase, repeat: int, say: Callable[[str], None]) -> dict[s
 
 
 def due_now(db: BenchDatabase) -> None:
-    """The fleet's next reaper pass due now (tether_reaper, migration 13)."""
+    """The fleet's next reaper pass due now (tether_reaper, migration 11)."""
     db.query("UPDATE tether_reaper SET next_pass_at = now() WHERE singleton RETURNING 1")
 
 

@@ -1,7 +1,7 @@
 """A fleet of workers does one reaper pass per due moment, not one per worker; and when the
 worker that did the last pass is killed, another takes over within the documented bounds.
 
-``tether_reaper`` (migration 13) counts the passes and names the worker of the last one:
+``tether_reaper`` (migration 11) counts the passes and names the worker of the last one:
 the test reads the count over a window of the database's clock.
 """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Final, LiteralString
 
+from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn
 
 WORK_CHANNEL: Final = "tether_work"
@@ -30,8 +31,14 @@ def listen(conn: Conn, channel: str) -> None:
     conn.execute(_LISTEN[channel])
 
 
-async def listen_worker_async(conn: AsyncConn) -> None:
-    """A worker's listener: new work, schedule changes and operators' requests, in one round trip."""
-    await conn.execute(
-        _LISTEN[WORK_CHANNEL] + "; " + _LISTEN[SCHEDULES_CHANNEL] + "; " + _LISTEN[CONTROL_CHANNEL]
-    )
+async def listen_worker_async(conn: AsyncConn) -> float:
+    """A worker's listener: new work, schedule changes and operators' requests, in one round
+    trip; returns the server's wall clock (seconds since the epoch), which tether_work's
+    run_at is read against."""
+    cursor = await conn.execute(q("listen_worker"))
+    while cursor.nextset():  # past the LISTENs' results, to the clock's
+        pass
+    row = await cursor.fetchone()
+    if row is None:  # a SELECT without FROM always returns its one row
+        raise RuntimeError("listen_worker returned no clock")
+    return float(row["epoch"])

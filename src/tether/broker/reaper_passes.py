@@ -1,4 +1,4 @@
-"""The fleet's reaper passes: one pass per due moment across all workers (migration 13).
+"""The fleet's reaper passes: one pass per due moment across all workers (migration 11).
 
 One row, ``tether_reaper``, says when the next pass is due, by the database's clock. A
 reaper tick reads it (``due_in``, one statement outside any transaction); when the moment

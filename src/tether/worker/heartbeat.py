@@ -108,18 +108,26 @@ class Heartbeat(Service):
         snapshot = None
         if self.beats % SNAPSHOT_EVERY == 0:
             snapshot = Snapshot(self.source.tasks_done, *resources())
-        answer = await asyncio.wait_for(self._write(beat, snapshot), self.every)
+        # Opening a connection (after a failed beat) is not part of the beat's time limit:
+        # over a slow link the handshake alone takes two round trips, and a limit that
+        # counted it would fail every beat from then on. connect_timeout bounds it.
+        conn = await self.connection.get()
+        sent = time.monotonic()
+        answer = await asyncio.wait_for(
+            heartbeats.write_heartbeats(
+                conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
+            ),
+            self.every,
+        )
+        # The database stamped this beat after it was sent: silence counted from the sending,
+        # not from the answer, keeps the isolation watch ahead of every reaper however long
+        # the answer took to come back.
+        self.last_ok = sent
         self.beats += 1
         self.source.answered(answer)
-        return self.every
-
-    async def _write(self, beat: Beat, snapshot: Snapshot | None) -> BeatAnswer:
-        conn = await self.connection.get()
-        answer = await heartbeats.write_heartbeats(
-            conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
-        )
-        self.last_ok = time.monotonic()
-        return answer
+        # Beats are sent an interval apart, however long each took: the gaps the reaper sees
+        # stay one interval, not an interval plus a round trip.
+        return max(0.0, self.every - (time.monotonic() - sent))
 
     async def close(self) -> None:
         await self.connection.close()  # a beat cut short by its timeout leaves it unusable

@@ -5,6 +5,11 @@ One tick either (re)connects and LISTENs, then calls ``on_listening`` (notificat
 while it was not listening are lost, so the worker looks once for what it may have
 missed), or hands on the notifications that arrive within ``listen_for_s``. When the
 connection drops, the next tick connects again, after 0.1 s, backing off up to 5 s.
+
+A notification of work due later carries its run_at by the server's clock. The listener
+reads that clock when it connects (and every CLOCK_READ_EVERY_S after) and counts on from
+it with the monotonic clock: a host whose wall clock is off (by seconds or by hours) still
+wakes the claim loop when the task is due, not a poll interval later.
 """
 
 from __future__ import annotations
@@ -41,6 +46,34 @@ def listener_role(worker_id: str | None) -> str:
     return "listener" if worker_id is None else f"listener {worker_id[-LISTENER_ID_CHARS:]}"
 
 
+#: How long a reading of the server's clock is counted on from: the monotonic clock drifts
+#: from the server's by at most a few hundred milliseconds an hour.
+CLOCK_READ_EVERY_S = 600.0
+
+
+class ServerClock:
+    """The server's wall clock as this process can tell it: one reading, counted on monotonically."""
+
+    def __init__(self) -> None:
+        self._reading: tuple[float, float] | None = None  # (server epoch, time.monotonic() on the answer)
+
+    def read(self, epoch: float) -> None:
+        """The server's clock said ``epoch``, in an answer that just came. Counted from the
+        answer, the server's time is never overestimated (the server read its clock before):
+        a wake-up comes at most a round trip late, never early, when a claim would find
+        nothing and the next look is a poll interval away."""
+        self._reading = (epoch, time.monotonic())
+
+    def due(self) -> bool:
+        return self._reading is None or time.monotonic() - self._reading[1] > CLOCK_READ_EVERY_S
+
+    def now(self) -> float:
+        if self._reading is None:
+            return time.time()  # not read yet: the host's clock is the best guess there is
+        epoch, answered = self._reading
+        return epoch + (time.monotonic() - answered)
+
+
 class WorkListener(Service):
     """Calls ``on_work(seconds_until_due)`` for every notification of new work on one of
     ``queues``, ``on_schedules()`` for every change to a schedule of one of them, and
@@ -72,15 +105,18 @@ class WorkListener(Service):
         self.on_control = on_control
         self.listen_for_s = listen_for_s
         self._listening: AsyncConn | None = None  # the connection that LISTENs
+        self.clock = ServerClock()
 
     async def tick(self) -> float:
         conn = self._listening
         if conn is None or conn.closed:
             conn = await self.connection.get()
-            await notifications.listen_worker_async(conn)
+            self.clock.read(await notifications.listen_worker_async(conn))
             self._listening = conn
             self.on_listening()
             return 0.0
+        if self.clock.due():  # LISTEN again (it changes nothing) to read the clock anew
+            self.clock.read(await notifications.listen_worker_async(conn))
         async for note in conn.notifies(timeout=self.listen_for_s):
             self._hand_on(note)
         return 0.0
@@ -96,15 +132,16 @@ class WorkListener(Service):
         if note.channel == notifications.SCHEDULES_CHANNEL:
             self.on_schedules()
         else:
-            self.on_work(_seconds_until(run_at))
+            self.on_work(_seconds_until(run_at, self.clock.now()))
 
     async def close(self) -> None:
         self._listening = None
         await self.connection.close()
 
 
-def _seconds_until(epoch: str) -> float | None:
+def _seconds_until(epoch: str, now: float) -> float | None:
+    """Seconds from ``now`` (the server's clock) to the notification's run_at (an epoch of it)."""
     try:
-        return float(epoch) - time.time()
+        return float(epoch) - now
     except ValueError:
         return None

@@ -1,4 +1,4 @@
--- The fleet's reaper passes: one row (tether_reaper, migration 13) says when the next one
+-- The fleet's reaper passes: one row (tether_reaper, migration 11) says when the next one
 -- is due; a reaper tick claims it, or learns when to look again.
 
 -- name: reaper_pass_due_in
@@ -19,7 +19,7 @@ FROM (SELECT extract(epoch FROM least(next_pass_at, last_pass_at + %(check_inter
       FROM tether_reaper WHERE singleton) d;
 
 -- name: ensure_reaper_row
--- Migration 13 makes the row and tether never deletes it; someone emptying the tables by
+-- Migration 11 makes the row and tether never deletes it; someone emptying the tables by
 -- hand (TRUNCATE) must not stop recovery, so a tick that finds none makes it again.
 INSERT INTO tether_reaper DEFAULT VALUES ON CONFLICT DO NOTHING;
 

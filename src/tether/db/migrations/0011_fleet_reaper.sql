@@ -1,4 +1,4 @@
--- tether schema, version 13: one reaper pass per due moment for the whole fleet.
+-- tether schema, version 11: one reaper pass per due moment for the whole fleet.
 --
 -- Every worker runs a reaper, and until now each one did the full pass whenever its own
 -- timer fired and nobody else was in the middle of one (an advisory lock): with N workers
