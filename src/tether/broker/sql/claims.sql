@@ -22,17 +22,44 @@
 -- both together, in queue order, and takes from them what fits each kind. The rows
 -- it read but did not take stay PENDING (locked until this statement commits). A
 -- filter by name inside the scan would read past every row of the other kind.
+--
+-- Within a queue, one range per priority, highest first: the claim index orders a
+-- queue's tasks by (priority DESC, run_at, id), so tasks due later (delayed sends,
+-- retries waiting out their backoff) sit at the end of their priority's range, before
+-- the next priority's due ones. One scan over the queue checked `run_at <= now()` on each
+-- entry and walked every one of them, on every claim (3,000 delayed tasks at priority 10
+-- in a queue of 300,000: a claim took 960 us instead of 375). Per priority, `run_at <=
+-- now()` bounds the range and the scan stops at the first task not yet due. The
+-- priorities come from the index itself, one probe each (a recursive skip scan), and
+-- only as far as the claim needs: the next is looked for when the ones before did not
+-- fill it.
 WITH scanned AS (
     SELECT c.id, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     CROSS JOIN LATERAL (
-        SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
-        WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.run_at <= now()
-          AND (t.good_until IS NULL OR t.good_until > now())
-          AND t.name <> ALL(%(skip_names)s::text[])
-        ORDER BY t.priority DESC, t.run_at, t.id
+        WITH RECURSIVE levels AS (
+            (SELECT t.priority FROM tether_tasks t
+             WHERE t.status = 'PENDING' AND t.queue = wanted.queue
+             ORDER BY t.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT t.priority FROM tether_tasks t
+                    WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.priority < l.priority
+                    ORDER BY t.priority DESC LIMIT 1)
+            FROM levels l WHERE l.priority IS NOT NULL
+        )
+        SELECT due.* FROM levels l
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
+            WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.priority = l.priority
+              AND t.run_at <= now()
+              AND (t.good_until IS NULL OR t.good_until > now())
+              AND t.name <> ALL(%(skip_names)s::text[])
+            ORDER BY t.run_at, t.id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ) due
+        WHERE l.priority IS NOT NULL
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
     ) c
     -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
     -- from: read here, in every claim, so a pause holds from its commit on for every
