@@ -30,9 +30,10 @@
 -- entry and walked every one of them, on every claim (3,000 delayed tasks at priority 10
 -- in a queue of 300,000: a claim took 960 us instead of 375). Per priority, `run_at <=
 -- now()` bounds the range and the scan stops at the first task not yet due. The
--- priorities come from the index itself, one probe each (a recursive skip scan), and
--- only as far as the claim needs: the next is looked for when the ones before did not
--- fill it.
+-- priorities come from the index itself, one probe each (a recursive skip scan), lowest
+-- first: each probe reads the index backwards from the next priority's last entry, the
+-- queue's newest tasks, never the front of a range, where the entries of tasks claimed
+-- since the last vacuum lie (a claim walks those once, in its range, as one scan did).
 WITH scanned AS (
     SELECT c.id, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -40,14 +41,15 @@ WITH scanned AS (
         WITH RECURSIVE levels AS (
             (SELECT t.priority FROM tether_tasks t
              WHERE t.status = 'PENDING' AND t.queue = wanted.queue
-             ORDER BY t.priority DESC LIMIT 1)
+             ORDER BY t.priority LIMIT 1)
             UNION ALL
             SELECT (SELECT t.priority FROM tether_tasks t
-                    WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.priority < l.priority
-                    ORDER BY t.priority DESC LIMIT 1)
+                    WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.priority > l.priority
+                    ORDER BY t.priority LIMIT 1)
             FROM levels l WHERE l.priority IS NOT NULL
         )
-        SELECT due.* FROM levels l
+        SELECT due.* FROM (SELECT priority FROM levels WHERE priority IS NOT NULL
+                           ORDER BY priority DESC) l
         CROSS JOIN LATERAL (
             SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
             WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.priority = l.priority
@@ -58,7 +60,6 @@ WITH scanned AS (
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
         ) due
-        WHERE l.priority IS NOT NULL
         LIMIT %(limit)s
     ) c
     -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
