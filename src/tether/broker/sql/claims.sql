@@ -34,6 +34,12 @@
 -- first: each probe reads the index backwards from the next priority's last entry, the
 -- queue's newest tasks, never the front of a range, where the entries of tasks claimed
 -- since the last vacuum lie (a claim walks those once, in its range, as one scan did).
+-- Its LIMITs are `(SELECT %(limit)s)`, a value the planner does not see, whatever the
+-- call: a plan for it is then as good for every call, and PostgreSQL keeps one generic
+-- plan for the prepared statement. With the value itself, the plan it estimated for an
+-- unknown limit looked costlier than one made for the value (the levels multiply it),
+-- so it planned every claim afresh: 0.6 ms of planning a claim, and 12 % off the
+-- standard throughput.
 WITH scanned AS (
     SELECT c.id, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -57,10 +63,10 @@ WITH scanned AS (
               AND (t.good_until IS NULL OR t.good_until > now())
               AND t.name <> ALL(%(skip_names)s::text[])
             ORDER BY t.run_at, t.id
-            LIMIT %(limit)s
+            LIMIT (SELECT %(limit)s)
             FOR UPDATE SKIP LOCKED
         ) due
-        LIMIT %(limit)s
+        LIMIT (SELECT %(limit)s)
     ) c
     -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
     -- from: read here, in every claim, so a pause holds from its commit on for every
