@@ -4,7 +4,7 @@
 -- no row and changes nothing.
 
 -- name: claim_tasks
--- One ordered, limited index scan per queue (LATERAL), then the best of those:
+-- One ordered, limited index scan per queue and range (LATERAL), then the best of those:
 -- `queue = ANY(...)` in one scan would read and sort every ready row instead.
 -- skip_names: names this worker cannot run but another live worker can.
 -- A worker with both kinds of child (worker/lanes.py) has room for so many async
@@ -12,31 +12,77 @@
 -- both together, in queue order, and takes from them what fits each kind. The rows
 -- it read but did not take stay PENDING (locked until this statement commits). A
 -- filter by name inside the scan would read past every row of the other kind.
-WITH scanned AS (
-    SELECT c.id, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
-    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+--
+-- Marks (docs/schema.md#the-claim-and-a-held-back-vacuum): for each queue and priority the
+-- worker claimed from, the last row its claims passed (worker/claim_marks.py). A row that
+-- left PENDING keeps its entry in tether_tasks_claim_idx until a vacuum removes it, and
+-- while a transaction holds back the vacuum every scan from the start of the queue reads
+-- every such entry and its row. So a marked priority is scanned from just after its mark
+-- (one ordered range of the index), and each stretch of priorities without a mark (above
+-- the highest mark, and below each mark down to the next) from its start. No marks: one
+-- scan of the whole queue. A mark can only delay a row behind it (sent by a transaction
+-- that committed after a claim passed its place), never lose it: the worker drops marks
+-- when told of work at or before them, and claims without marks at least once per poll.
+-- advance: no row of its queue and priority that this statement read but left comes
+-- before it (the worker moves its mark only over such rows).
+WITH marks AS (
+    SELECT m.queue, m.priority, m.run_at, m.id
+    FROM unnest(%(mark_queues)s::text[], %(mark_priorities)s::int[], %(mark_run_ats)s::timestamptz[],
+                %(mark_ids)s::uuid[]) AS m (queue, priority, run_at, id)
+), open_queues AS (
+    -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
+    -- from: read here, in every claim, so a pause holds from its commit on for every
+    -- worker, notified or not. The anti-join drops the queue before its scans run.
+    SELECT wanted.queue FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
+), marked AS (
+    SELECT m.* FROM marks m JOIN open_queues o ON o.queue = m.queue
+), stretches AS (
+    -- Priorities strictly between `above` and `below` (both outside -100..100 when open).
+    SELECT o.queue, 101 AS below, coalesce(max(m.priority), -101) AS above
+    FROM open_queues o LEFT JOIN marked m ON m.queue = o.queue
+    GROUP BY o.queue
+    UNION ALL
+    SELECT m.queue, m.priority,
+           coalesce(lead(m.priority) OVER (PARTITION BY m.queue ORDER BY m.priority DESC), -101)
+    FROM marked m
+), scanned AS (
+    SELECT c.id, c.queue, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
+    FROM marked m
     CROSS JOIN LATERAL (
-        SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
-        WHERE t.status = 'PENDING' AND t.queue = wanted.queue AND t.run_at <= now()
+        SELECT t.id, t.queue, t.priority, t.run_at, t.name FROM tether_tasks t
+        WHERE t.status = 'PENDING' AND t.queue = m.queue AND t.priority = m.priority
+          AND (t.run_at, t.id) > (m.run_at, m.id) AND t.run_at <= now()
+          AND (t.good_until IS NULL OR t.good_until > now())
+          AND t.name <> ALL(%(skip_names)s::text[])
+        ORDER BY t.run_at, t.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    UNION ALL
+    SELECT c.id, c.queue, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[])
+    FROM stretches s
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.queue, t.priority, t.run_at, t.name FROM tether_tasks t
+        WHERE t.status = 'PENDING' AND t.queue = s.queue AND t.priority < s.below AND t.priority > s.above
+          AND t.run_at <= now()
           AND (t.good_until IS NULL OR t.good_until > now())
           AND t.name <> ALL(%(skip_names)s::text[])
         ORDER BY t.priority DESC, t.run_at, t.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) c
-    -- A paused queue (a row in tether_paused_queues, docs/queues.md) is not claimed
-    -- from: read here, in every claim, so a pause holds from its commit on for every
-    -- worker, notified or not. The anti-join drops the queue before its scan runs.
-    WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
-    ORDER BY c.priority DESC, c.run_at, c.id
-    LIMIT %(limit)s
+), best AS (
+    SELECT * FROM scanned ORDER BY priority DESC, run_at, id LIMIT %(limit)s
+), ranked AS (
+    SELECT id, queue, priority, run_at,
+           row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, run_at, id)
+               <= CASE WHEN is_async THEN %(async_limit)s ELSE %(other_limit)s END AS taken
+    FROM best
 ), picked AS (
-    SELECT id FROM (
-        SELECT id, is_async,
-               row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, run_at, id) AS nth
-        FROM scanned
-    ) ranked
-    WHERE nth <= CASE WHEN is_async THEN %(async_limit)s ELSE %(other_limit)s END
+    SELECT id, taken,
+           taken AND NOT bool_or(NOT taken) OVER (PARTITION BY queue, priority ORDER BY run_at, id) AS advance
+    FROM ranked
 )
 -- The claim's commit does not wait for its WAL flush (synchronous_commit off for
 -- this statement's transaction only). Safe: if the server crashed before the flush,
@@ -48,9 +94,9 @@ UPDATE tether_tasks t
 SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
     claimed_by_worker_id = %(worker_id)s
 FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
-WHERE t.id = picked.id
+WHERE t.id = picked.id AND picked.taken
 RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
-          t.max_retries, t.retry_policy::text, t.workflow_id;
+          t.max_retries, t.retry_policy::text, t.workflow_id, t.priority, t.run_at, picked.advance;
 
 -- name: start_task
 UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()

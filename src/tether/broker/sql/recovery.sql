@@ -145,29 +145,3 @@ WHERE t.status = 'RUNNING'
   AND greatest(t.started_at, t.progress_at, hb.last) < now() - %(threshold)s::interval
 ORDER BY t.started_at, t.id
 LIMIT %(limit)s;
-
--- name: prune_heartbeats
-DELETE FROM tether_heartbeats WHERE id IN (
-    SELECT id FROM tether_heartbeats WHERE sent_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_worker_states
-DELETE FROM tether_worker_states WHERE id IN (
-    SELECT id FROM tether_worker_states WHERE captured_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_workers
--- Registry rows of workers stopped or inactive for longer than the snapshot retention.
-DELETE FROM tether_workers WHERE id IN (
-    SELECT id FROM tether_workers
-    WHERE status <> 'active' AND updated_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_terminal_tasks
--- Attempts go with their task (ON DELETE CASCADE). Workflow steps' tasks go
--- with their workflow (prune_workflows), never while it may still need them.
--- The status again on the row itself: a task retried by hand after this statement's
--- snapshot is re-checked once its lock is granted, and kept.
-DELETE FROM tether_tasks WHERE id IN (
-    SELECT id FROM tether_tasks
-    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
-      AND updated_at < now() - %(age)s::interval AND workflow_id IS NULL
-    LIMIT %(limit)s)
-  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED');
