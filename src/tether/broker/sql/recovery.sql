@@ -44,7 +44,7 @@ WITH stale AS (
     UPDATE tether_tasks t
     SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
     FROM stale
-    WHERE t.id = stale.id AND t.status = 'CLAIMED' AND t.attempt = stale.attempt
+    WHERE t.id = stale.id AND t.status COLLATE "C" = 'CLAIMED' AND t.attempt = stale.attempt
     RETURNING t.id, t.name, t.queue, t.run_at, t.attempt, stale.claimed_by_worker_id, stale.silent_s
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
