@@ -145,6 +145,43 @@ def test_a_paused_queue_is_not_read_whatever_its_marks(basic: ModuleType, db: Co
     assert [r["id"] for r in claim(db, [place(db, ids[0])])] == ids[1:]
 
 
+def buffers_read(db: Conn, marks: list[tuple[int, datetime, Any]]) -> int:
+    """Buffers the claim statement reads (hit or read) with ``marks``, its changes rolled back."""
+    statement = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + q("claim_tasks")
+    params = {
+        "queues": ["default"], "limit": 10, "other_limit": 10, "async_limit": 0, "async_names": [],
+        "worker_id": "w-1", "skip_names": [],
+        "mark_queues": ["default"] * len(marks), "mark_priorities": [m[0] for m in marks],
+        "mark_run_ats": [m[1] for m in marks], "mark_ids": [m[2] for m in marks],
+    }  # fmt: skip
+    with db.transaction(force_rollback=True):
+        plan = psycopg.ClientCursor(db).execute(statement, params).fetchone()
+    assert plan is not None
+    top = (plan["QUERY PLAN"] if isinstance(plan, dict) else plan[0])[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+
+def test_under_a_held_vacuum_a_drained_priority_with_a_mark_costs_no_walk_through_its_past(
+    basic: ModuleType, db: Conn, held: Conn
+) -> None:
+    """A priority whose tasks were all claimed while the vacuum is held back keeps an index
+    entry (and a row version) per task. A claim with a mark there reads neither, whether the
+    queue is empty or another priority has work: neither the mark's range nor the probes
+    for the other priorities walk them. Without marks, the claim reads them all."""
+    ids = sorted(h.id for h in basic.noop.send_many([()] * 3000))
+    mark: list[tuple[int, datetime, Any]] = []
+    while taken := claim(db, mark, limit=500):
+        mark = [(0, taken[-1]["run_at"], taken[-1]["id"])]
+    assert mark == [place(db, ids[-1])]
+
+    assert buffers_read(db, []) > 2000  # the hold works: from the start, its entries and rows
+    assert buffers_read(db, mark) < 60  # empty queue, from the mark
+    low = basic.noop.with_options(priority=-5).send().id
+    high = basic.noop.with_options(priority=5).send().id
+    assert buffers_read(db, mark) < 80  # a priority on each side, probed around the mark
+    assert [r["id"] for r in claim(db, mark)] == [high, low]
+
+
 def test_under_a_held_vacuum_work_behind_a_mark_is_announced_and_run_once(
     basic: ModuleType, db: Conn, workers: WorkerFactory, held: Conn, database_url: str
 ) -> None:

@@ -29,24 +29,27 @@
 -- ones. One scan over the queue checked `run_at <= now()` on each entry and walked every
 -- one of them, on every claim (3,000 delayed tasks at priority 10 in a queue of 300,000: a
 -- claim took 960 us instead of 375). Per priority, `run_at <= now()` bounds the range and
--- the scan stops at the first task not yet due. The priorities come from the index
--- itself, one probe each (a recursive skip scan), lowest first: each probe reads the index
--- backwards from the next priority's last entry, the queue's newest tasks, not the front
--- of a range, where the entries of tasks claimed since the last vacuum lie. The LIMITs
--- are `(SELECT %(limit)s)`, a value the planner does not see: a plan for it is as good for
--- every call, and PostgreSQL keeps one generic plan for the prepared statement (with the
--- value itself it planned every claim afresh: 0.6 ms a claim, 12 % off the throughput).
+-- the scan stops at the first task not yet due. The LIMITs are `(SELECT %(limit)s)`, a
+-- value the planner does not see: a plan for it is as good for every call, and PostgreSQL
+-- keeps one generic plan for the prepared statement (with the value itself it planned
+-- every claim afresh: 0.6 ms a claim, 12 % off the throughput).
 --
 -- Marks (docs/schema.md#the-claim-under-a-held-back-vacuum): for each queue and priority
 -- the worker claimed from, the last row its claims passed (worker/claim_marks.py). A row
 -- that left PENDING keeps its entry in tether_tasks_claim_idx until a vacuum removes it,
--- and while a transaction holds back the vacuum every scan from the start of a range reads
+-- and while a transaction holds back the vacuum every read of a range from its start reads
 -- every such entry and its row. So a marked priority's range is read from just after its
--- mark, the others from their start. A mark can only delay a row behind it (sent by a
--- transaction that committed after a claim passed its place), never lose it: the worker
--- drops marks when told of work at or before them, and claims without marks at least
--- once per poll. advance: no row of its queue and priority that this statement read but
--- left comes before it (the worker moves its mark only over such rows).
+-- mark. The other priorities in use come from the index itself, one probe each (a
+-- recursive skip scan), lowest first, within each stretch of priorities between marks
+-- (above the highest, and below each down to the next), so that no probe walks a marked
+-- priority's entries: a probe reads backwards from the end of the next priority's range,
+-- its newest tasks, and would read every entry of a priority drained since the hold began.
+-- Each unmarked priority is then read from its start. No marks: every priority is probed.
+-- A mark can only delay a row behind it (sent by a transaction that committed after a
+-- claim passed its place), never lose it: the worker drops marks when told of work at or
+-- before them, and claims without marks at least once per poll. advance: no row of its
+-- queue and priority that this statement read but left comes before it (the worker moves
+-- its mark only over such rows).
 WITH marks AS (
     SELECT m.queue, m.priority, m.run_at, m.id
     FROM unnest(%(mark_queues)s::text[], %(mark_priorities)s::int[], %(mark_run_ats)s::timestamptz[],
@@ -57,29 +60,49 @@ WITH marks AS (
     -- worker, notified or not. The anti-join drops the queue before its scans run.
     SELECT wanted.queue FROM unnest(%(queues)s::text[]) AS wanted (queue)
     WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
+), marked AS (
+    SELECT m.* FROM marks m JOIN open_queues o ON o.queue = m.queue
+), stretches AS (
+    -- Priorities strictly between `above` and `below` (both outside -100..100 when open).
+    SELECT o.queue, 101 AS below, coalesce(max(m.priority), -101) AS above
+    FROM open_queues o LEFT JOIN marked m ON m.queue = o.queue
+    GROUP BY o.queue
+    UNION ALL
+    SELECT m.queue, m.priority,
+           coalesce(lead(m.priority) OVER (PARTITION BY m.queue ORDER BY m.priority DESC), -101)
+    FROM marked m
+), levels AS (
+    WITH RECURSIVE probed AS (
+        SELECT s.queue, s.below,
+               (SELECT t.priority FROM tether_tasks t
+                WHERE t.status = 'PENDING' AND t.queue = s.queue
+                  AND t.priority > s.above AND t.priority < s.below
+                ORDER BY t.priority LIMIT 1) AS priority
+        FROM stretches s
+        UNION ALL
+        SELECT p.queue, p.below,
+               (SELECT t.priority FROM tether_tasks t
+                WHERE t.status = 'PENDING' AND t.queue = p.queue
+                  AND t.priority > p.priority AND t.priority < p.below
+                ORDER BY t.priority LIMIT 1)
+        FROM probed p WHERE p.priority IS NOT NULL
+    )
+    SELECT queue, priority FROM probed WHERE priority IS NOT NULL
+), ranges AS (
+    -- Where each priority's read starts: after its mark, or at its start.
+    SELECT queue, priority, run_at, id FROM marked
+    UNION ALL
+    SELECT queue, priority, '-infinity'::timestamptz, '00000000-0000-0000-0000-000000000000'::uuid
+    FROM levels
 ), scanned AS (
     SELECT c.id, c.queue, c.priority, c.run_at, c.name = ANY(%(async_names)s::text[]) AS is_async
     FROM open_queues o
     CROSS JOIN LATERAL (
-        WITH RECURSIVE levels AS (
-            (SELECT t.priority FROM tether_tasks t
-             WHERE t.status = 'PENDING' AND t.queue = o.queue
-             ORDER BY t.priority LIMIT 1)
-            UNION ALL
-            SELECT (SELECT t.priority FROM tether_tasks t
-                    WHERE t.status = 'PENDING' AND t.queue = o.queue AND t.priority > l.priority
-                    ORDER BY t.priority LIMIT 1)
-            FROM levels l WHERE l.priority IS NOT NULL
-        )
-        SELECT due.* FROM (SELECT priority FROM levels WHERE priority IS NOT NULL
-                           ORDER BY priority DESC) l
-        LEFT JOIN marks m ON m.queue = o.queue AND m.priority = l.priority
+        SELECT due.* FROM (SELECT * FROM ranges r WHERE r.queue = o.queue ORDER BY r.priority DESC) r
         CROSS JOIN LATERAL (
             SELECT t.id, t.queue, t.priority, t.run_at, t.name FROM tether_tasks t
-            WHERE t.status = 'PENDING' AND t.queue = o.queue AND t.priority = l.priority
-              AND (t.run_at, t.id) > (coalesce(m.run_at, '-infinity'),
-                                      coalesce(m.id, '00000000-0000-0000-0000-000000000000'))
-              AND t.run_at <= now()
+            WHERE t.status = 'PENDING' AND t.queue = r.queue AND t.priority = r.priority
+              AND (t.run_at, t.id) > (r.run_at, r.id) AND t.run_at <= now()
               AND (t.good_until IS NULL OR t.good_until > now())
               AND t.name <> ALL(%(skip_names)s::text[])
             ORDER BY t.run_at, t.id
