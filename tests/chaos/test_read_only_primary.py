@@ -136,6 +136,8 @@ def test_a_primary_read_only_on_live_sockets_fails_nothing_and_everything_resume
         # No worker process died, and it said what happened.
         assert worker.proc.poll() is None, log
         assert "is read-only" in log, log[-8000:]
+        # Its listener, which only reads, left the read-only session too and listened anew.
+        assert "work listener: a failover was seen by this process; listening anew" in log, log[-8000:]
         assert "died" not in log and "WORKER_CRASHED" not in log and "Traceback" not in log, log[-8000:]
         assert sorted(p.pid for p in worker.task_children()) == children  # the same children
         # The same worker goes on.

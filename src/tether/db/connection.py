@@ -145,12 +145,15 @@ class DedicatedConnection:
 
 
 class AsyncDedicatedConnection:
-    """DedicatedConnection for the jobs on the worker's event loop: the heartbeat, the work listener."""
+    """DedicatedConnection for the jobs on the worker's event loop: the heartbeat, the work listener.
 
-    def __init__(self, url: str, config: AppConfig, role: str) -> None:
+    ``tcp``: TCP settings that replace TCP_SETTINGS' (the listener's are tighter)."""
+
+    def __init__(self, url: str, config: AppConfig, role: str, tcp: dict[str, int] | None = None) -> None:
         self.url = url
         self.config = config
         self.role = role
+        self.tcp = tcp or {}
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
 
     async def get(self) -> psycopg.AsyncConnection[dict[str, Any]]:
@@ -160,7 +163,7 @@ class AsyncDedicatedConnection:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self.url,
                     cursor_factory=AsyncPrimaryCursor,
-                    **worker_connection_options(self.config, self.role),
+                    **{**worker_connection_options(self.config, self.role), **self.tcp},
                 )
             except psycopg.OperationalError as exc:
                 refusals.connect_failed(exc, self.role)

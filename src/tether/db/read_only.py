@@ -49,6 +49,7 @@ class _Said:
         self.lock = threading.Lock()
         self.at: float | None = None
         self.quiet = 0  # refusals since, logged at DEBUG
+        self.count = 0  # refusals met by this process, ever
 
 
 _said = _Said()
@@ -74,13 +75,22 @@ def _where(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> str:
     return "the server"
 
 
-def _refused(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], exc: psycopg.Error
+def refusals() -> int:
+    """How many refusals this process has met: a long-lived connection that only reads (the
+    work listener) looks, and reconnects when another connection met one since its own began."""
+    return _said.count
+
+
+def refused(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], reason: str
 ) -> ServerReadOnlyError:
+    """Say (at most every SAY_EVERY_S) and count a read-only server met on ``conn``, which the
+    caller closes; the error to raise."""
     where = _where(conn)
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "read-only"
+    _closed_here.add(conn)
     now = time.monotonic()
     with _said.lock:
+        _said.count += 1
         loud = _said.at is None or now - _said.at >= SAY_EVERY_S
         if loud:
             quiet, _said.at, _said.quiet = _said.quiet, now, 0
@@ -103,6 +113,10 @@ def _refused(
     )
 
 
+def _reason(exc: psycopg.Error) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else "read-only"
+
+
 class PrimaryCursor(psycopg.Cursor[Row]):
     """A cursor whose statements need the primary: a read-only refusal closes the connection
     and raises ServerReadOnlyError (a lost connection)."""
@@ -111,8 +125,7 @@ class PrimaryCursor(psycopg.Cursor[Row]):
         try:
             return super().execute(*args, **kwargs)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
-            error = _refused(self.connection, exc)
-            _closed_here.add(self.connection)
+            error = refused(self.connection, _reason(exc))
             with contextlib.suppress(psycopg.Error, OSError):
                 self.connection.close()
             raise error from exc
@@ -125,8 +138,7 @@ class AsyncPrimaryCursor(psycopg.AsyncCursor[Row]):
         try:
             return await super().execute(*args, **kwargs)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
-            error = _refused(self.connection, exc)
-            _closed_here.add(self.connection)
+            error = refused(self.connection, _reason(exc))
             with contextlib.suppress(psycopg.Error, OSError):
                 await self.connection.close()
             raise error from exc
