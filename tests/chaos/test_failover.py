@@ -70,6 +70,8 @@ class Producer(threading.Thread):
             self.stop.wait(0.01)
 
 
+# Its own servers: the outcome does not depend on the session's (one run, not two).
+@pytest.mark.server_agnostic
 @pytest.mark.timing
 def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
     pair: HaPair, tmp_path: Path

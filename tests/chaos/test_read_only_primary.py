@@ -83,6 +83,8 @@ class Producer(threading.Thread):
             self.stop.wait(0.01)
 
 
+# Its own servers: the outcome does not depend on the session's (one run, not two).
+@pytest.mark.server_agnostic
 @pytest.mark.timing
 def test_a_primary_read_only_on_live_sockets_fails_nothing_and_everything_resumes(
     private_server: EmbeddedServer, chaos: ModuleType, tmp_path: Path
