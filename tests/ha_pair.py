@@ -5,8 +5,10 @@
 on loopback ports the OS picked, with their Unix sockets in that folder too. The standby is
 made by ``pg_basebackup -R`` from the running primary and streams from it; the primary then
 waits for it on every commit (``synchronous_standby_names = '*'``, ``synchronous_commit =
-on``): what a ``send()`` acknowledged is on both. Both are stopped by their postmaster's pid
-and the folder removed at the end, whatever happened.
+on``): what a ``send()`` acknowledged is on both. ``HaPair(synchronous=False)`` leaves the
+standby asynchronous, PostgreSQL's default: the last commits before a failover can be lost.
+Both are stopped by their postmaster's pid and the folder removed at the end, whatever
+happened.
 
 initdb refuses to run as root: as root both servers run as the ``postgres`` system user
 (``runuser``), which owns the folder.
@@ -98,9 +100,11 @@ class Server:
 
 
 class HaPair:
-    """A primary streaming to a synchronous standby; ``close()`` stops both and removes them."""
+    """A primary streaming to a standby, synchronous unless ``synchronous=False``; ``close()``
+    stops both and removes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, synchronous: bool = True) -> None:
+        self.synchronous = synchronous
         self.bin = bindir()
         self.base = Path(tempfile.mkdtemp(prefix="tether-ha-", dir="/tmp"))
         if _ROOT:
@@ -125,13 +129,15 @@ class HaPair:
                  "-D", str(self.standby.data), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
         self.standby.configure()
         self.standby.start()
+        wanted = "sync" if self.synchronous else "async"
         with psycopg.connect(self.primary.url("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-            conn.execute("SELECT pg_reload_conf()")
+            if self.synchronous:
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                conn.execute("SELECT pg_reload_conf()")
             deadline = time.monotonic() + 60
-            while True:  # until the standby streams and every commit waits for it
+            while True:  # until the standby streams (and, synchronous, every commit waits for it)
                 row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
-                if row is not None and row[0] == "sync":
+                if row is not None and row[0] == wanted:
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the standby never became synchronous ({row})")
