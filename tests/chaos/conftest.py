@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 
 from tests.apps.support import attempt_rows, load_app_module, task_row
 from tests.conftest import WorkerProcess, wait_until
+from tether.db.embedded import EmbeddedServer
 
 APP = "tests.apps.chaos:app"
 
@@ -170,3 +174,17 @@ def check_history(conn: Conn, task_id: Any) -> tuple[Row, list[Row]]:
     for a in earlier:
         assert a["outcome"] == "FAILED" and a["will_retry"], context
     return row, attempts
+
+
+@pytest.fixture
+def private_server() -> Iterator[EmbeddedServer]:
+    """An embedded PostgreSQL for one test alone: one it restarts, or turns read-only (the
+    others share the session's server)."""
+    base = Path(tempfile.mkdtemp(prefix="tether-chaos-pg-", dir="/tmp"))
+    base.chmod(0o755)  # as root the server runs as its own system user, who must get in
+    server = EmbeddedServer.start(base / "data")
+    try:
+        yield server
+    finally:
+        server.stop()  # by its postmaster's pid
+        shutil.rmtree(base, ignore_errors=True)

@@ -7,10 +7,7 @@ and every task must still end by the rules: none lost, none stuck, none run twic
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,18 +33,6 @@ RESTART_ENV = {
 }
 
 TASKS = 200
-
-
-@pytest.fixture
-def private_server() -> Iterator[EmbeddedServer]:
-    base = Path(tempfile.mkdtemp(prefix="tether-chaos-pg-", dir="/tmp"))
-    base.chmod(0o755)  # as root the server runs as its own system user, who must get in
-    server = EmbeddedServer.start(base / "data")
-    try:
-        yield server
-    finally:
-        server.stop()  # by its postmaster's pid
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def finished(conn: Any) -> int:

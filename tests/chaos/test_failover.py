@@ -18,7 +18,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -26,7 +29,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from tests.chaos.conftest import APP, FAST, check_history, token, wait_all
-from tests.conftest import WorkerFactory, wait_until
+from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tests.ha_pair import HaPair
 from tether import AppConfig, PostgresConfig
 from tether.db.migrate import migrate
@@ -83,12 +86,21 @@ class Producer(threading.Thread):
             self.stop.wait(0.01)
 
 
-# Its own servers: the outcome does not depend on the session's (one run, not two).
-@pytest.mark.server_agnostic
-@pytest.mark.timing
-def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
-    pair: HaPair, tmp_path: Path
-) -> None:
+@dataclass
+class Load:
+    """Two workers and a producer on the pair's multi-host URL (``under_load``)."""
+
+    app: Any
+    producer: Producer
+    workers: list[WorkerProcess]
+
+
+@contextmanager
+def under_load(pair: HaPair, tmp_path: Path) -> Iterator[Load]:
+    """Database ``ha`` on the pair, two workers (2 processes each) ready, and a producer sending
+    a task every 10 ms, all on the multi-host URL; stopped and cleaned up at the end. The test
+    takes the ``chaos`` fixture: tests.apps.chaos is first imported bound to the session's
+    database, as every later test of the process expects."""
     from tests.apps.chaos import LEDGER_DDL, build
 
     with psycopg.connect(pair.primary.url("postgres"), autocommit=True) as c:
@@ -96,7 +108,7 @@ def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
     with psycopg.connect(pair.primary.url("ha"), autocommit=True) as c:
         migrate(c)
         c.execute(LEDGER_DDL)
-    url = pair.multi_host_url("ha", connect_timeout="2")
+    url = pair.multi_host_url("ha")
     app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
     factory = WorkerFactory(url, tmp_path / "private")
     (tmp_path / "private").mkdir()
@@ -106,6 +118,21 @@ def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
         workers = [factory.start(APP, "--processes", "2", env=env) for _ in range(2)]
         for w in workers:
             w.wait_ready()
+        yield Load(app, producer, workers)
+    finally:
+        producer.stop.set()
+        factory.cleanup()
+        app.close()
+
+
+# Its own servers: the outcome does not depend on the session's (one run, not two).
+@pytest.mark.server_agnostic
+@pytest.mark.timing
+def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
+    pair: HaPair, chaos: ModuleType, tmp_path: Path
+) -> None:
+    with under_load(pair, tmp_path) as load:
+        app, producer, workers = load.app, load.producer, load.workers
         children = {w.pid: sorted(p.pid for p in w.task_children()) for w in workers}
         producer.start()
         wait_until(lambda: len(producer.sent) >= 200, timeout=60, message="200 sends before the failover")
@@ -160,34 +187,17 @@ def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
             f"refused during it; first send on the new primary {first_send_s:.2f}s after the stop; "
             f"every task settled {settled_s:.2f}s after it; probe started in {row['s'] * 1000:.0f} ms"
         )
-    finally:
-        producer.stop.set()
-        factory.cleanup()
-        app.close()
 
 
 # Its own servers: the outcome does not depend on the session's (one run, not two).
 @pytest.mark.server_agnostic
 @pytest.mark.timing
 def test_an_asynchronous_standby_promoted_loses_at_most_the_last_commits_and_strands_nothing(
-    async_pair: HaPair, tmp_path: Path
+    async_pair: HaPair, chaos: ModuleType, tmp_path: Path
 ) -> None:
-    from tests.apps.chaos import LEDGER_DDL, build
-
     pair = async_pair
-    with psycopg.connect(pair.primary.url("postgres"), autocommit=True) as c:
-        c.execute("CREATE DATABASE ha")
-    with psycopg.connect(pair.primary.url("ha"), autocommit=True) as c:
-        migrate(c)
-        c.execute(LEDGER_DDL)
-    url = pair.multi_host_url("ha")
-    app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
-    factory = WorkerFactory(url, tmp_path / "private")
-    (tmp_path / "private").mkdir()
-    producer = Producer(app)
-    try:
-        env = {**ENV, "TETHER_DATABASE_URL": url}
-        workers = [factory.start(APP, "--processes", "2", env=env) for _ in range(2)]
+    with under_load(pair, tmp_path) as load:
+        producer, workers = load.producer, load.workers
         producer.start()
         wait_until(lambda: len(producer.sent) >= 200, timeout=60, message="200 sends before the failover")
         pair.primary.stop_immediately()
@@ -219,7 +229,3 @@ def test_an_asynchronous_standby_promoted_loses_at_most_the_last_commits_and_str
             f"\nasynchronous failover: {len(ids)} acknowledged sends, {lost} lost with the old primary; "
             f"on the new one: {[(r['status'], r['error_code'], r['n']) for r in rows]}"
         )
-    finally:
-        producer.stop.set()
-        factory.cleanup()
-        app.close()

@@ -12,11 +12,8 @@ everything resumes on the same processes.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,18 +37,6 @@ ENV = {
     "TETHER_RUNNING_STALE_THRESHOLD_MS": str(int(STALE_S * 1000)),
 }
 READ_ONLY_S = 4.0
-
-
-@pytest.fixture
-def private_server() -> Iterator[EmbeddedServer]:
-    base = Path(tempfile.mkdtemp(prefix="tether-chaos-pg-", dir="/tmp"))
-    base.chmod(0o755)  # as root the server runs as its own system user, who must get in
-    server = EmbeddedServer.start(base / "data")
-    try:
-        yield server
-    finally:
-        server.stop()  # by its postmaster's pid
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def read_only(admin: psycopg.Connection[Any], on: bool) -> None:
