@@ -31,13 +31,14 @@ _LISTEN: dict[str, LiteralString] = {
 def listen(conn: Conn, channel: str) -> None:
     """LISTEN on ``channel``; on a server that is not a writable primary (a standby, or a
     primary turned read-only in a failover), close ``conn`` and raise ServerReadOnlyError:
-    what is sent to the primary is not announced there."""
-    conn.execute(_LISTEN[channel])
+    what is sent to the primary is not announced there. The check comes first, so the
+    session's last statement stays its LISTEN (what tools look for in pg_stat_activity)."""
     row = conn.execute(q("session_read_only")).fetchone()
     if row is not None and row["read_only"]:
         error = read_only.refused(conn, "the listener's session is read-only")
         conn.close()
         raise error
+    conn.execute(_LISTEN[channel])
 
 
 async def listen_worker_async(conn: AsyncConn) -> float:

@@ -16,5 +16,5 @@ SELECT extract(epoch FROM clock_timestamp())::float8 AS epoch,
        pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only;
 
 -- name: session_read_only
--- Whether this session can write: a producer's result listener checks it after its LISTEN.
+-- Whether this session can write: a producer's result listener checks it before its LISTEN.
 SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on' AS read_only;
