@@ -274,6 +274,11 @@ class WorkerConfig(BaseSettings):
     poll_interval_ms: Int = Field(default=1_000, ge=10, le=60_000)
     grace_period_s: Float = Field(default=30.0, ge=0, le=86_400)
     claim_batch_size: Int = Field(default=100, ge=1, le=10_000)
+    # Serve Prometheus metrics on this port (docs/monitoring.md); None: no endpoint, no cost.
+    metrics_port: OptInt = Field(default=None, ge=1, le=65_535)
+    # The address the metrics endpoint listens on (every interface: Prometheus scrapes from
+    # elsewhere; the metrics hold names and counts, never a task's arguments or errors).
+    metrics_host: str = "0.0.0.0"
 
     @field_validator("queues")
     @classmethod

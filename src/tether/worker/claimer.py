@@ -18,6 +18,7 @@ from tether.broker import claims
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
+from tether.metrics import hooks
 from tether.worker.backoff import Backoff, Outage
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
@@ -79,6 +80,7 @@ class Claimer:
                 try:
                     await self.claim_once()
                 except DatabaseError as exc:
+                    hooks.claim_failed()
                     self.triggers.claim_failed()
                     delay = backoff.next()
                     outage.failed(exc, delay)
@@ -118,6 +120,7 @@ class Claimer:
         self._blind = (self.lanes.both and other == 0, self.lanes.both and in_async == 0)
         told = self.triggers.before_claim()
         skip = self._names_to_skip()
+        began = time.monotonic()
         claimed = await self.pool.run(
             "claiming",
             lambda c: claims.claim_tasks(
@@ -130,6 +133,7 @@ class Claimer:
                 async_limit=in_async,
             ),
         )
+        hooks.claimed(claimed, time.monotonic() - began)
         # The claim took all the room it had when some kind filled its room: there may be
         # more work (with both kinds of child, the rows scanned beyond one kind's room are
         # left to a later claim). Triggers and registration count it as a full claim.

@@ -23,6 +23,7 @@ from tether.broker import heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import AsyncDedicatedConnection
+from tether.metrics import hooks
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
 
@@ -113,12 +114,17 @@ class Heartbeat(Service):
         # counted it would fail every beat from then on. connect_timeout bounds it.
         conn = await self.connection.get()
         sent = time.monotonic()
-        answer = await asyncio.wait_for(
-            heartbeats.write_heartbeats(
-                conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
-            ),
-            self.every,
-        )
+        try:
+            answer = await asyncio.wait_for(
+                heartbeats.write_heartbeats(
+                    conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
+                ),
+                self.every,
+            )
+        except Exception:
+            hooks.heartbeat(None)
+            raise
+        hooks.heartbeat(time.monotonic() - sent)
         # The database stamped this beat after it was sent: silence counted from the sending,
         # not from the answer, keeps the isolation watch ahead of every reaper however long
         # the answer took to come back.
