@@ -47,7 +47,7 @@ class WorkerEndpoint:
         assert config.metrics_port is not None
         # No *_created series: they double the series of every counter and histogram, and
         # Prometheus reads a reset from the counter itself. This process serves no other metrics.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.metrics = WorkerMetrics(app_labels(app), in_flight, children)
         self._connection = DedicatedConnection(url, app.config, "metrics")
         self._lock = threading.Lock()
