@@ -37,6 +37,10 @@ class QueueStateCollector(Collector):
         self.errors = 0
         self.reads = 0
 
+    def describe(self) -> list[GaugeMetricFamily]:
+        """Nothing: a registry asks at registration, and the answer would cost a read of the database."""
+        return []
+
     def read(self) -> QueueState | None:
         with self._lock:  # concurrent scrapes share one read
             if self._last is not None and time.monotonic() - self._last[0] < MIN_INTERVAL_S:

@@ -1,0 +1,200 @@
+"""Prometheus metrics (docs/monitoring.md): a real worker with --metrics-port and real children,
+scraped while it runs and after; the counts checked against the rows.
+
+Ports: 19110-19129 (the range given to this work; one per test, so tests run side by side).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import WorkerFactory, wait_until
+from tests.metrics_scrape import scrape, total, value
+from tether import RecoveryConfig
+from tether.broker import PostgresBroker
+from tether.web.dashboard import DashboardServer
+
+APP = "tests.apps.basic:app"
+WAIT = 30.0
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+
+
+def metrics_url(port: int) -> str:
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def finished_rows(db: psycopg.Connection[Any]) -> dict[tuple[str, str, str], int]:
+    """(task, outcome, code) -> attempts that ended so, as tether_task_attempts says."""
+    rows = db.execute(
+        "SELECT t.name, a.outcome, coalesce(a.error_code, '') AS code, a.will_retry, count(*) AS n"
+        " FROM tether_task_attempts a JOIN tether_tasks t ON t.id = a.task_id"
+        " GROUP BY 1, 2, 3, 4"
+    ).fetchall()
+    found: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        outcome = "retried" if r["will_retry"] else r["outcome"].lower()
+        found[(r["name"], outcome, r["code"])] = r["n"]
+    return found
+
+
+def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
+    basic: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    port = 19110
+    worker = workers.start(APP, "--processes", "2", "--queues", "default", "--metrics-port", str(port))
+    url = metrics_url(port)
+
+    # During the run: a task holds a child; the worker and the database both say so.
+    holder = basic.sleep.send(60)
+    wait_until(
+        lambda: (
+            db.execute("SELECT status FROM tether_tasks WHERE id = %s", (holder.id,)).fetchone()["status"]
+            == "RUNNING"
+        ),
+        message="the long task to run",
+    )
+    during = wait_until(
+        lambda: (s := scrape(url)) and value(s, "tether_worker_tasks_in_flight") == 1 and s,
+        message="the worker to report one task in flight",
+    )
+    assert value(during, "tether_tasks", queue="default", status="RUNNING") == 1
+    assert value(during, "tether_worker_children") == 3  # two sync children and the async one
+    holder.cancel()
+
+    handles = (
+        [basic.add.send(i, 1) for i in range(10)]
+        + [basic.fail.send("MYCODE") for _ in range(3)]
+        + [basic.boom.send("no") for _ in range(2)]
+        + [basic.echo_async.send("x") for _ in range(4)]  # run by the async child
+        + [basic.limited.send(3600)]  # killed at its time limit by the worker
+        + [basic.crash_child.send(uuid.uuid4().hex)]  # its child dies (os._exit)
+    )
+    for handle in handles:
+        handle.get(timeout=WAIT)
+    wait_until(
+        lambda: (
+            db.execute(
+                "SELECT count(*) AS n FROM tether_tasks WHERE status <> ALL(%s)", (list(TERMINAL),)
+            ).fetchone()["n"]
+            == 0
+        ),
+        message="every task to end",
+    )
+    samples = wait_until(
+        lambda: (s := scrape(url)) and value(s, "tether_worker_tasks_in_flight") == 0 and s,
+        message="nothing in flight",
+    )
+
+    rows = finished_rows(db)
+    # Recorded by the children (their DONE and BATCH messages): one count per attempt row.
+    for (task, outcome, code), n in rows.items():
+        if task in ("limited", "crash_child", "sleep"):
+            continue  # recorded by the main process for the dead or cancelled child: recoveries
+        got = value(
+            samples, "tether_tasks_finished_total", queue="default", task=task, outcome=outcome, code=code
+        )
+        assert got == n, (task, outcome, code, got, n)
+    assert rows[("add", "completed", "")] == 10 and rows[("echo_async", "completed", "")] == 4
+    assert rows[("fail", "failed", "MYCODE")] == 3 and rows[("boom", "failed", "UNHANDLED_EXCEPTION")] == 2
+    # Each ran once in a child: its run time observed once.
+    for task, n in (("add", 10), ("fail", 3), ("boom", 2), ("echo_async", 4)):
+        assert value(samples, "tether_task_run_seconds_count", queue="default", task=task) == n, task
+    # The worker's kills and its child's death, by rule, as the attempt rows say.
+    assert rows[("limited", "failed", "TIME_LIMIT_EXCEEDED")] == 1
+    assert value(samples, "tether_recoveries_total", rule="time_limit") == 1
+    assert rows[("crash_child", "failed", "WORKER_CRASHED")] == 1
+    assert value(samples, "tether_recoveries_total", rule="dead_child") == 1
+    for rule in ("hung_child", "stale_claimed_requeued", "stale_running_failed", "expired"):
+        assert value(samples, "tether_recoveries_total", rule=rule) == 0, rule
+    # Every claim was counted and its wait observed: a claim numbers the task's attempt (a task
+    # handed ahead to a child that died goes back unstarted, and is claimed again).
+    claims = db.execute("SELECT sum(attempt) AS n FROM tether_tasks").fetchone()["n"]
+    assert value(samples, "tether_tasks_claimed_total", queue="default") == claims
+    assert value(samples, "tether_task_queue_wait_seconds_count", queue="default") == claims
+    assert value(samples, "tether_claim_seconds_count") >= 1
+    assert value(samples, "tether_heartbeat_write_seconds_count") >= 1
+    assert value(samples, "tether_heartbeat_failures_total") == 0
+    # The database's side: the finished tasks, the worker.
+    assert value(samples, "tether_tasks", queue="default", status="COMPLETED") == 14
+    assert value(samples, "tether_tasks", queue="default", status="FAILED") == 7
+    assert value(samples, "tether_tasks", queue="default", status="PENDING") == 0
+    assert value(samples, "tether_workers", status="active") == 1
+    assert worker.proc.poll() is None
+
+
+def test_queue_wait_and_lag_count_from_when_a_task_became_due_not_when_it_was_sent(
+    basic: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    port = 19111
+    workers.start(APP, "--processes", "1", "--queues", "default", "--metrics-port", str(port))
+    url = metrics_url(port)
+    # Scheduled 2 s ahead: its intended delay is no wait.
+    assert basic.add.schedule(timedelta(seconds=2), 1, 2).get(timeout=WAIT).ok == 3
+    samples = scrape(url)
+    assert value(samples, "tether_task_queue_wait_seconds_count", queue="default") == 1
+    waited = value(samples, "tether_task_queue_wait_seconds_sum", queue="default")
+    assert waited is not None and 0 <= waited < 1.0, waited
+
+    # Lag: tasks due in a queue nobody serves grow older; one not due yet is no lag.
+    basic.add.with_options(queue="low").schedule(timedelta(hours=1), 1, 1)
+    wait_until(  # (a scrape within a second of the last answers from that one's read)
+        lambda: value(scrape(url), "tether_tasks", queue="low", status="PENDING") == 1,
+        message="the scheduled task in the scrape",
+    )
+    assert value(scrape(url), "tether_queue_lag_seconds", queue="low") == 0
+    basic.add.with_options(queue="low").send(1, 1)
+    first = wait_until(
+        lambda: (v := value(scrape(url), "tether_queue_lag_seconds", queue="low")) and v,
+        message="a lag for queue low",
+    )
+    later = wait_until(
+        lambda: (v := value(scrape(url), "tether_queue_lag_seconds", queue="low")) and v > first + 1 and v,
+        timeout=10,
+        message="the lag to grow",
+    )
+    assert later > first
+    assert value(scrape(url), "tether_tasks", queue="low", status="PENDING") == 2
+
+
+@pytest.fixture
+def dashboard_server(database_url: str) -> Iterator[DashboardServer]:
+    from tether import PostgresConfig
+
+    broker = PostgresBroker(PostgresConfig(database_url=database_url))
+    server = DashboardServer(
+        ("127.0.0.1", 19112), broker, RecoveryConfig(), token="sekrit", private_reads=True
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        broker.close()
+
+
+def test_the_dashboard_serves_the_queues_state_behind_its_token(
+    basic: ModuleType, dashboard_server: DashboardServer
+) -> None:
+    for _ in range(3):
+        basic.add.with_options(queue="images").send(1, 2)
+    url = dashboard_server.url + "metrics"
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        scrape(url)
+    assert refused.value.code == 401
+    samples = scrape(url, {"Authorization": "Bearer sekrit"})
+    assert value(samples, "tether_tasks", queue="images", status="PENDING") == 3
+    lag = value(samples, "tether_queue_lag_seconds", queue="images")
+    assert lag is not None and lag >= 0
+    assert total(samples, "tether_scrape_errors_total") == 0
+    assert not any(name.startswith("tether_tasks_finished") for name, _ in samples)  # no worker counters
