@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import ModuleType
 from typing import Any
 
@@ -49,7 +49,9 @@ def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
     basic: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:
     port = 19110
-    worker = workers.start(APP, "--processes", "2", "--queues", "default", "--metrics-port", str(port))
+    worker = workers.start(
+        APP, "--processes", "2", "--queues", "default", "--cancel-grace", "0.5", "--metrics-port", str(port)
+    )
     url = metrics_url(port)
 
     # During the run: a task holds a child; the worker and the database both say so.
@@ -112,6 +114,12 @@ def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
     assert value(samples, "tether_recoveries_total", rule="time_limit") == 1
     assert rows[("crash_child", "failed", "WORKER_CRASHED")] == 1
     assert value(samples, "tether_recoveries_total", rule="dead_child") == 1
+    # The task cancelled while it ran ignored its cancel (a sync sleep): killed after the grace.
+    cancelled = db.execute(
+        "SELECT status, error_code FROM tether_tasks WHERE id = %s", (holder.id,)
+    ).fetchone()
+    assert (cancelled["status"], cancelled["error_code"]) == ("CANCELLED", "TASK_CANCELLED")
+    assert value(samples, "tether_recoveries_total", rule="cancelled_while_running") == 1
     for rule in ("hung_child", "stale_claimed_requeued", "stale_running_failed", "expired"):
         assert value(samples, "tether_recoveries_total", rule=rule) == 0, rule
     # Every claim was counted and its wait observed: a claim numbers the task's attempt (a task
@@ -162,6 +170,26 @@ def test_queue_wait_and_lag_count_from_when_a_task_became_due_not_when_it_was_se
     )
     assert later > first
     assert value(scrape(url), "tether_tasks", queue="low", status="PENDING") == 2
+
+
+def test_a_task_past_good_until_is_counted_expired_by_the_reaper_that_expired_it(
+    basic: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    port = 19113
+    fast = {"TETHER_CHECK_INTERVAL_MS": "1000"}
+    workers.start(APP, "--processes", "1", "--queues", "default", "--metrics-port", str(port), env=fast)
+    soon = datetime.now(UTC) + timedelta(seconds=0.5)
+    handles = [basic.add.with_options(queue="low", good_until=soon).send(1, i) for i in range(3)]
+    wait_until(
+        lambda: all(
+            db.execute("SELECT status FROM tether_tasks WHERE id = %s", (h.id,)).fetchone()["status"]
+            == "EXPIRED"
+            for h in handles
+        ),
+        timeout=15,
+        message="the tasks to expire",
+    )
+    assert value(scrape(metrics_url(port)), "tether_recoveries_total", rule="expired") == 3
 
 
 @pytest.fixture

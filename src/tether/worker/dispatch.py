@@ -264,7 +264,7 @@ class Dispatcher:
         if hooks.enabled():
             count_recoveries(held, verdicts, killed_for, killed_as)
         for task in held:
-            self.holdings.forget(task.id)
+            self.holdings.forget(task.id, task.attempt)
             log.debug(
                 "task %s (%s) attempt %d: %s",
                 task.id,

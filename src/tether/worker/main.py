@@ -518,7 +518,7 @@ class StartedWorker:
             return
         released = await asyncio.to_thread(self.recorder.release, tasks)
         for task in tasks:
-            self.worker.holdings.forget(task.id)
+            self.worker.holdings.forget(task.id, task.attempt)
         log.info("released %d claimed task(s) back to PENDING", len(released))
 
     # -- operators' requests (the tether_control channel) -------------------------------
