@@ -9,6 +9,7 @@ without hand-written parsing, with explicit arguments taking precedence over the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
@@ -481,6 +482,19 @@ class AppConfig(BaseSettings):
     # How often TaskHandle.get re-reads the row when no notification arrives.
     result_poll_interval_ms: Int = Field(default=500, ge=10, le=60_000)
     auto_migrate: bool = True  # apply pending schema migrations on first connection
+    # OpenTelemetry spans for sends and runs (TETHER_TRACING; docs/monitoring.md#tracing).
+    # Needs the tether[otel] extra; the application configures the SDK and its exporter.
+    tracing: bool = False
+
+    @field_validator("tracing")
+    @classmethod
+    def _otel_installed(cls, value: bool) -> bool:
+        # find_spec imports nothing: with tracing off, OpenTelemetry is never imported.
+        if value and importlib.util.find_spec("opentelemetry") is None:
+            raise ValueError(
+                "tracing (TETHER_TRACING) needs the OpenTelemetry API: pip install 'tether[otel]'"
+            )
+        return value
 
     @field_validator("queues")
     @classmethod

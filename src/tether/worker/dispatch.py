@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tether import tracing
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.log_fields import about_task, about_tasks
@@ -55,12 +56,13 @@ def outcomes_of(held: list[TaskPayload], verdicts: dict[str, str]) -> str:
 _NOT_RECOVERED = ("released", "already settled", "could not be recorded")
 
 
-def count_recoveries(
+def recovery_rules(
     held: list[TaskPayload], verdicts: dict[str, str], killed_for: dict[str, TaskError], killed_as: str | None
-) -> None:
-    """Count each started task of a dead child whose row the recording settled, by the rule that
+) -> list[tuple[TaskPayload, str]]:
+    """Each started task of a dead child whose row the recording settled, and the rule that
     applied: the worker's kill for it (time limit, ignored cancel), the kill of its child (hung,
     or a neighbour's time limit or cancel in an async child), or the child's own death."""
+    found = []
     for task in held:
         if verdicts[task.id].startswith(_NOT_RECOVERED):
             continue
@@ -71,7 +73,8 @@ def count_recoveries(
             rule = rules.TIME_LIMIT
         else:
             rule = rules.CANCELLED_WHILE_RUNNING
-        hooks.recovered(rule)
+        found.append((task, rule))
+    return found
 
 
 class Dispatcher:
@@ -85,8 +88,10 @@ class Dispatcher:
         supervisor: Supervisor,
         on_change: Callable[[], None],
         stopping: asyncio.Event,
+        traced: bool = False,
     ) -> None:
         self.lanes = lanes
+        self.traced = traced  # a recovery of a dead child's task is a span in its trace (tether.tracing)
         self.holdings = holdings
         self.time_limits = time_limits
         self.recorder = recorder
@@ -261,8 +266,11 @@ class Dispatcher:
             # (here or elsewhere) recovers the tasks by their heartbeats instead.
             verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             verdicts = {task.id: verdict for task in held}
-        if hooks.enabled():
-            count_recoveries(held, verdicts, killed_for, killed_as)
+        if hooks.enabled() or self.traced:
+            for task, rule in recovery_rules(held, verdicts, killed_for, killed_as):
+                hooks.recovered(rule)
+                if self.traced:
+                    tracing.recovered(task, rule, verdicts[task.id])
         for task in held:
             self.holdings.forget(task.id, task.attempt)
             log.debug(

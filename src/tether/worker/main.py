@@ -281,6 +281,7 @@ class StartedWorker:
             supervisor=self.supervisor,
             on_change=triggers.poke,
             stopping=worker.stopping,
+            traced=config.tracing,
         )
         self.cancels = Cancels(holdings, self.supervisor, worker._cancel_grace_of)
         self.isolation = Isolation(
