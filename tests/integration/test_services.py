@@ -50,6 +50,15 @@ QUICK = RecoveryConfig(
 )
 
 
+# No marks (worker/claim_marks.py): the claim reads each queue from its start.
+NO_MARKS: dict[str, list[Any]] = {
+    "mark_queues": [],
+    "mark_priorities": [],
+    "mark_run_ats": [],
+    "mark_ids": [],
+}
+
+
 def app_config(url: str) -> AppConfig:
     return AppConfig(broker=PostgresConfig(database_url=url, connect_timeout_s=5), recovery=QUICK)
 
@@ -66,6 +75,7 @@ def claim(db: Conn, worker_id: str, limit: int = 1) -> list[str]:
             "async_names": [],
             "worker_id": worker_id,
             "skip_names": [],
+            **NO_MARKS,
         },
     ).fetchall()
     return [str(r["id"]) for r in rows]
@@ -359,7 +369,7 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         database_url,
         app_config(database_url),
         {"default"},
-        on_work=lambda due_in: heard.append(("work", due_in)),
+        on_work=lambda queue, run_at, due_in: heard.append(("work", (queue, run_at, due_in))),
         on_listening=lambda: heard.append(("listening", None)),
         on_schedules=lambda: heard.append(("schedules", None)),
         on_control=lambda verb, arguments: heard.append(("control", (verb, arguments))),
@@ -377,7 +387,9 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         while len(heard) < 3:
             assert await listener.tick() == 0.0
         assert [kind for kind, _ in heard] == ["work", "schedules", "control"]
-        assert 55 < heard[0][1] <= 60 and heard[2][1] == ("pause", ["default"])
+        queue, run_at, due_in = heard[0][1]
+        assert queue == "default" and run_at == due and 55 < due_in <= 60
+        assert heard[2][1] == ("pause", ["default"])
 
         terminate(db, "listener")
         with pytest.raises(psycopg.OperationalError):

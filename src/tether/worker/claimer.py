@@ -4,7 +4,8 @@ It claims while ClaimTriggers says there may be work, and sleeps until woken
 otherwise. With claimed tasks still waiting for a child it waits until half the
 capacity is free and claims that in one statement (one commit per batch, not per
 task); with nothing waiting it claims at once whatever fits. After a claim it keeps
-the notify registration up to date (see notify_registration.py).
+the notify registration up to date (see notify_registration.py), and its marks, the
+places in each queue its next claim reads from (see claim_marks.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.metrics import hooks
 from tether.worker.backoff import Backoff, Outage
+from tether.worker.claim_marks import ClaimMarks
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
@@ -65,6 +67,7 @@ class Claimer:
         self.accept = accept  # takes what a claim returned
         self.may_claim = may_claim  # False while the worker isolates itself
         self.stopping = stopping  # set: no more claims, the loop returns at its next turn (poke it)
+        self.marks = ClaimMarks(triggers.poll_interval_s)
         self._skip_names: dict[str, float] = {}
 
     def skip_name(self, name: str) -> None:
@@ -120,7 +123,8 @@ class Claimer:
         self._blind = (self.lanes.both and other == 0, self.lanes.both and in_async == 0)
         told = self.triggers.before_claim()
         skip = self._names_to_skip()
-        began = time.monotonic()
+        marks = self.marks.for_claim()
+        started = time.monotonic()
         claimed = await self.pool.run(
             "claiming",
             lambda c: claims.claim_tasks(
@@ -131,18 +135,28 @@ class Claimer:
                 skip_names=skip,
                 async_names=self.async_names,
                 async_limit=in_async,
+                after=marks or (),
             ),
         )
-        hooks.claimed(claimed, time.monotonic() - began)
+        tasks = claimed.tasks
+        hooks.claimed(tasks, time.monotonic() - started)
         # The claim took all the room it had when some kind filled its room: there may be
         # more work (with both kinds of child, the rows scanned beyond one kind's room are
         # left to a later claim). Triggers and registration count it as a full claim.
-        took = limit if self._took_all(claimed, other, in_async) else len(claimed)
+        filled = self._took_all(tasks, other, in_async)
+        self.marks.after_claim(
+            claimed,
+            full_read=marks is None,
+            filled=filled,
+            spent_s=time.monotonic() - started,
+            exact=not self.lanes.both,
+        )
+        took = limit if filled else len(tasks)
         self.triggers.after_claim(took, limit, told)
-        await self.accept(claimed)
+        await self.accept(tasks)
         if await self.registration.after_claim(took, limit):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
-        return len(claimed)
+        return len(tasks)
 
     def _took_all(self, claimed: list[TaskPayload], other: int, in_async: int) -> bool:
         in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
