@@ -48,11 +48,11 @@ def outgoing() -> str | None:
 def _otel_tracer() -> Tracer:
     global _tracer
     if _tracer is None:
+        from importlib.metadata import version
+
         from opentelemetry import trace
 
-        from tether import __version__
-
-        _tracer = trace.get_tracer("tether", __version__)
+        _tracer = trace.get_tracer("tether", version("tether"))
     return _tracer
 
 
