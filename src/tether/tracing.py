@@ -130,6 +130,44 @@ async def traced_send_async(plan: Any, write: Callable[[], Awaitable[T]]) -> T:
             _outgoing.reset(token)
 
 
+def _start_attributes(name: str, workflow_id: Any) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "start",
+        "tether.workflow.name": name,
+        "tether.workflow.id": str(workflow_id),
+    }
+
+
+def traced_start(name: str, workflow_id: Any, write: Callable[[], T]) -> T:
+    """A workflow's start in a PRODUCER span: its steps' tasks are sent in that span's trace."""
+    from opentelemetry.trace import SpanKind
+
+    with _otel_tracer().start_as_current_span(
+        f"start workflow {name}", kind=SpanKind.PRODUCER, attributes=_start_attributes(name, workflow_id)
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return write()
+        finally:
+            _outgoing.reset(token)
+
+
+async def traced_start_async(name: str, workflow_id: Any, write: Callable[[], Awaitable[T]]) -> T:
+    """traced_start() on the caller's async connection."""
+    from opentelemetry.trace import SpanKind
+
+    with _otel_tracer().start_as_current_span(
+        f"start workflow {name}", kind=SpanKind.PRODUCER, attributes=_start_attributes(name, workflow_id)
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return await write()
+        finally:
+            _outgoing.reset(token)
+
+
 def _start_consumer(payload: TaskPayload) -> tuple[Span, Context | None]:
     from opentelemetry.trace import Link, SpanKind, get_current_span
 

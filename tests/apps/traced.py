@@ -87,3 +87,8 @@ def crash_first() -> TaskResult[int, TaskError]:
     if running.retry_count == 0:
         os._exit(13)
     return TaskResult(ok=running.retry_count)
+
+
+@app.task("double")
+def double(n: int) -> TaskResult[int, TaskError]:
+    return TaskResult(ok=2 * n)

@@ -135,6 +135,26 @@ def test_each_run_is_a_consumer_span_in_the_trace_of_its_send_sync_async_and_aft
     assert inner["inside greet_async"]["parent_id"] == by_task["greet_async"][0]["span_id"]
 
 
+def test_the_steps_of_a_workflow_run_in_the_trace_of_its_start(
+    traced: ModuleType, workers: WorkerFactory, spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    spans_file = tmp_path / "worker-spans.jsonl"
+    workers.start(APP, "--processes", "1", env={"TETHER_TEST_SPANS_FILE": str(spans_file)})
+    first = traced.double.node(args=(1,), name="first")
+    second = traced.double.node(args_from={"n": first}, name="second")  # sent by the worker
+    handle = traced.app.workflow("twice", [first, second]).start()
+    assert handle.get(timeout=WAIT).ok == 4
+    (start,) = [s for s in spans.get_finished_spans() if s.name == "start workflow twice"]
+    assert start.kind is trace.SpanKind.PRODUCER
+    assert dict(start.attributes or {})["tether.workflow.id"] == str(handle.id)
+    trace_id, span_id = hex_ids(start)
+    runs = wait_until(
+        lambda: len(r := [s for s in worker_spans(spans_file) if s["kind"] == "CONSUMER"]) == 2 and r,
+        message="both steps' consumer spans",
+    )
+    assert all(r["trace_id"] == trace_id and r["parent_id"] == span_id for r in runs), runs
+
+
 def test_without_tracing_no_context_is_stored_and_opentelemetry_is_not_imported(
     database_url: str, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

@@ -95,9 +95,7 @@ class QueueStateCollector(Collector):
         for row in state.lag:
             paused.add_metric([row.queue], 1.0 if row.paused else 0.0)
         yield paused
-        workers = GaugeMetricFamily(
-            "tether_workers", "Workers in the registry by status.", labels=["status"]
-        )
+        workers = GaugeMetricFamily("tether_workers", "Workers in the registry by status.", labels=["status"])
         for worker_status in ("active", "stopped", "inactive"):
             workers.add_metric([worker_status], state.workers.get(worker_status, 0))
         yield workers
