@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 
 from opentelemetry import trace
@@ -92,3 +93,9 @@ def crash_first() -> TaskResult[int, TaskError]:
 @app.task("double")
 def double(n: int) -> TaskResult[int, TaskError]:
     return TaskResult(ok=2 * n)
+
+
+@app.task("linger")
+def linger(seconds: float) -> TaskResult[float, TaskError]:
+    time.sleep(seconds)
+    return TaskResult(ok=seconds)

@@ -155,6 +155,42 @@ def test_the_steps_of_a_workflow_run_in_the_trace_of_its_start(
     assert all(r["trace_id"] == trace_id and r["parent_id"] == span_id for r in runs), runs
 
 
+@pytest.mark.timing
+def test_the_reaper_s_recovery_log_line_carries_the_trace_of_the_task_it_recovered(
+    traced: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory, spans: InMemorySpanExporter
+) -> None:
+    fast = {
+        "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "1000",
+        "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": "1000",
+        "TETHER_CLAIMED_STALE_THRESHOLD_MS": "2000",
+        "TETHER_RUNNING_STALE_THRESHOLD_MS": "2000",
+        "TETHER_CHECK_INTERVAL_MS": "1000",
+    }
+    a = workers.start(APP, "--processes", "1", env=fast)
+    handle = traced.linger.send(60)
+    (sent,) = [s for s in spans.get_finished_spans() if s.name == "send default"]
+    trace_id, span_id = hex_ids(sent)
+    wait_until(
+        lambda: (
+            db.execute("SELECT status FROM tether_tasks WHERE id = %s", (handle.id,)).fetchone()["status"]
+            == "RUNNING"
+        ),
+        message="the task to run",
+    )
+    b = workers.start(APP, "--processes", "1", "--log-format", "json", env=fast)
+    a.kill()  # its whole process group: only B's reaper can recover the task
+    assert handle.get(timeout=WAIT).err.code == "WORKER_CRASHED"
+
+    def recovery_line() -> dict[str, Any] | None:
+        for line in b.log().splitlines():
+            if line.startswith("{") and str(handle.id) in line and "no runner heartbeat" in line:
+                return dict(json.loads(line))
+        return None
+
+    line = wait_until(recovery_line, timeout=10, message="B's recovery line")
+    assert (line["task_id"], line["trace_id"], line["span_id"]) == (str(handle.id), trace_id, span_id)
+
+
 def test_without_tracing_no_context_is_stored_and_opentelemetry_is_not_imported(
     database_url: str, db: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
