@@ -1,0 +1,187 @@
+"""``observability``: what metrics and tracing cost a worker's no-op throughput, and a scrape.
+
+    .venv/bin/python -m bench.observability [--tasks 10000] [--rounds 3]
+
+For the sync executor (``bench.apps``, ``noop``, 2 processes) and the async one
+(``bench.async_apps``, ``anoop``, 1 async child), in interleaved rounds (off, on, off, on,
+... so the machine's drift hits both alike): ``--tasks`` no-op tasks sent with one
+``send_many``, then one worker started to drain them; the figure is tasks per second
+between the first ``started_at`` and the last ``completed_at`` (database time), as the
+``throughput`` scenario measures it.
+
+- off: tether's defaults (no --metrics-port, tracing off);
+- on: ``--metrics-port`` with this run scraping it every second (each scrape also reads
+  the queues' state from the database), ``TETHER_TRACING=1`` with the OpenTelemetry SDK
+  installed in every process of the worker and a batch processor whose exporter drops the
+  spans (bench/otel_sdk.py), and the tasks sent traced (so each run extracts and links its
+  send's context).
+
+Then, with ``--history N`` terminal rows (default 1,000,000) filled by SQL, the median time
+of a scrape of the dashboard's /metrics (``DashboardMetrics.exposition``, what a scrape
+runs), after a few untimed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, wait_all_terminal
+from tether import AppConfig, PostgresConfig, Tether
+from tether.db.migrate import migrate
+
+PORT = 19150
+KINDS = {
+    "sync": ("bench.apps:app", "noop", ("--processes", "2", "--async-processes", "0")),
+    "async": ("bench.async_apps:app", "anoop", ("--processes", "0", "--async-processes", "1")),
+}
+
+FILL_HISTORY = """
+INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, status, run_at, enqueued_at,
+                          sent_at, updated_at, completed_at, attempt, result)
+SELECT gen_random_uuid(), 'noop', 'default', 0, '[]'::jsonb, '{}'::jsonb, 'COMPLETED',
+       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', now(), now(), 1,
+       '{"ok": null}'::jsonb
+FROM generate_series(1, %(n)s)
+"""
+
+
+def producer(url: str, kind: str, traced: bool) -> Tether:
+    from bench import apps, async_apps
+
+    app = Tether(AppConfig(broker=PostgresConfig(database_url=url), tracing=traced))
+    return apps._register(app) if kind == "sync" else async_apps._register(app)
+
+
+def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> float:
+    """``mode``: off, metrics, tracing or on (both)."""
+    app_path, task_name, args = KINDS[kind]
+    traced = mode in ("tracing", "on")
+    metered = mode in ("metrics", "on")
+    db.reset_tasks()
+    app = producer(db.url, kind, traced)
+    try:
+        app.tasks[task_name].send_many([()] * n)
+    finally:
+        app.close()
+    env = {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1"} if traced else {}
+    extra = (*args, "--metrics-port", str(PORT)) if metered else args
+    worker = bench_worker(
+        db,
+        logs / f"{kind}-{mode}-{time.monotonic_ns()}.log",
+        processes=None,  # type: ignore[arg-type]
+        extra_args=extra,
+        env=env,
+        app_path=app_path,
+    )
+    scrapes: list[float] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            began = time.perf_counter()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
+                    r.read()
+                scrapes.append(time.perf_counter() - began)
+            except OSError:
+                pass  # not listening yet
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    worker.start()
+    if metered:
+        scraper.start()
+    try:
+        wait_all_terminal(db, worker, timeout=900, interval=0.1)
+    finally:
+        stop.set()
+        worker.stop()
+    ((done, span),) = db.query(
+        "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
+        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks"
+    )
+    if done != n:
+        raise RuntimeError(f"{done} of {n} completed")
+    return n / float(span)
+
+
+def scrape_time(db: BenchDatabase, history: int) -> tuple[float, float]:
+    from tether.broker import PostgresBroker
+    from tether.web.metrics import DashboardMetrics
+
+    db.reset_tasks()
+    with db.connect() as conn:
+        conn.execute(FILL_HISTORY, {"n": history})
+        conn.execute("VACUUM (ANALYZE) tether_tasks")
+    broker = PostgresBroker(PostgresConfig(database_url=db.url))
+    try:
+        metrics = DashboardMetrics(broker)
+        times = []
+        for i in range(13):
+            time.sleep(1.05)  # past the collector's one-second reuse: each scrape reads afresh
+            began = time.perf_counter()
+            metrics.exposition(None)
+            if i >= 3:
+                times.append(time.perf_counter() - began)
+        return statistics.median(times), max(times)
+    finally:
+        broker.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.observability")
+    p.add_argument("--database-url", default=os.environ.get("TETHER_BENCH_DATABASE_URL", DEFAULT_SERVER_URL))
+    p.add_argument("--tasks", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--history", type=int, default=1_000_000)
+    p.add_argument("--only", choices=["throughput", "scrape"], default=None)
+    p.add_argument(
+        "--modes", default="off,on", help="comma-separated, off first: off, metrics, tracing, on (both)"
+    )
+    a = p.parse_args(argv)
+    db = BenchDatabase(a.database_url)
+    db.create()
+    try:
+        with db.connect() as conn:
+            migrate(conn)
+        print(f"load before: {os.getloadavg()}")
+        if a.only in (None, "throughput"):
+            with tempfile.TemporaryDirectory() as tmp:
+                modes = a.modes.split(",")
+                results: dict[tuple[str, str], list[float]] = {}
+                for r in range(a.rounds):
+                    for kind in KINDS:
+                        for mode in modes if r % 2 == 0 else modes[::-1]:
+                            rate = one_run(db, kind, mode, a.tasks, Path(tmp))
+                            results.setdefault((kind, mode), []).append(rate)
+                            print(f"round {r + 1} {kind:5} {mode:8}: {rate:8,.0f} tasks/s", flush=True)
+                for kind in KINDS:
+                    off = results[(kind, "off")]
+                    for mode in modes[1:]:
+                        these = results[(kind, mode)]
+                        ratios = [b / a_ for a_, b in zip(off, these, strict=True)]
+                        print(
+                            f"{kind}: {mode} / off per round "
+                            + ", ".join(f"{x:.3f}" for x in ratios)
+                            + f" (median {statistics.median(ratios):.3f}); medians "
+                            f"{statistics.median(these):,.0f}/s vs {statistics.median(off):,.0f}/s"
+                        )
+        if a.only in (None, "scrape"):
+            median, worst = scrape_time(db, a.history)
+            print(
+                f"scrape of /metrics with {a.history:,} terminal rows: median {1000 * median:.1f} ms, "
+                f"max {1000 * worst:.1f} ms"
+            )
+        print(f"load after: {os.getloadavg()}")
+    finally:
+        db.drop()
+
+
+if __name__ == "__main__":
+    main()
