@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, wait_all_terminal
 from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
@@ -59,17 +61,40 @@ def producer(url: str, kind: str, traced: bool) -> Tether:
     return apps._register(app) if kind == "sync" else async_apps._register(app)
 
 
-def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> float:
-    """``mode``: off, metrics, tracing or on (both)."""
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its children."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def settled(pid: int, children: int) -> None:
+    """Until the worker has its ``children`` and their start-up (imports) is over: CPU flat for 0.5 s."""
+    deadline = time.monotonic() + 60
+    last = -1.0
+    while time.monotonic() < deadline:
+        kids = [c for c in psutil.Process(pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        now = tree_cpu(pid)
+        if len(kids) >= children and now - last < 0.02:
+            return
+        last = now
+        time.sleep(0.5)
+    raise TimeoutError("worker did not settle")
+
+
+def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
+    """``mode``: off, metrics, tracing or on (both). Returns (tasks/s by database time, worker
+    CPU microseconds per task): the second is what the machine's other load moves least."""
     app_path, task_name, args = KINDS[kind]
     traced = mode in ("tracing", "on")
     metered = mode in ("metrics", "on")
     db.reset_tasks()
-    app = producer(db.url, kind, traced)
-    try:
-        app.tasks[task_name].send_many([()] * n)
-    finally:
-        app.close()
     env = {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1"} if traced else {}
     extra = (*args, "--metrics-port", str(PORT)) if metered else args
     worker = bench_worker(
@@ -80,6 +105,7 @@ def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> floa
         env=env,
         app_path=app_path,
     )
+    worker.log_level = "INFO"
     scrapes: list[float] = []
     stop = threading.Event()
 
@@ -93,22 +119,33 @@ def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> floa
             except OSError:
                 pass  # not listening yet
 
-    scraper = threading.Thread(target=scrape, daemon=True)
+    app = producer(db.url, kind, traced)
+    task = app.tasks[task_name]
     worker.start()
-    if metered:
-        scraper.start()
     try:
+        worker.wait_registered()
+        settled(worker.pid, 2 if kind == "sync" else 1)
+        task.send_many([()] * 200)  # warm-up: connections, prepared statements, first spans
+        wait_all_terminal(db, worker, timeout=120, interval=0.05)
+        ((warm_end,),) = db.query("SELECT max(completed_at) FROM tether_tasks")
+        if metered:
+            threading.Thread(target=scrape, daemon=True).start()
+        cpu0 = tree_cpu(worker.pid)
+        task.send_many([()] * n)
         wait_all_terminal(db, worker, timeout=900, interval=0.1)
+        cpu = tree_cpu(worker.pid) - cpu0
     finally:
         stop.set()
+        app.close()
         worker.stop()
     ((done, span),) = db.query(
         "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
-        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks"
+        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks WHERE started_at > %s",
+        (warm_end,),
     )
     if done != n:
-        raise RuntimeError(f"{done} of {n} completed")
-    return n / float(span)
+        raise RuntimeError(f"{done} of {n} completed after the warm-up")
+    return n / float(span), 1e6 * cpu / n
 
 
 def scrape_time(db: BenchDatabase, history: int) -> tuple[float, float]:
@@ -155,22 +192,32 @@ def main(argv: list[str] | None = None) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 modes = a.modes.split(",")
                 results: dict[tuple[str, str], list[float]] = {}
+                cpus: dict[tuple[str, str], list[float]] = {}
                 for r in range(a.rounds):
                     for kind in KINDS:
                         for mode in modes if r % 2 == 0 else modes[::-1]:
-                            rate = one_run(db, kind, mode, a.tasks, Path(tmp))
+                            rate, cpu = one_run(db, kind, mode, a.tasks, Path(tmp))
                             results.setdefault((kind, mode), []).append(rate)
-                            print(f"round {r + 1} {kind:5} {mode:8}: {rate:8,.0f} tasks/s", flush=True)
+                            cpus.setdefault((kind, mode), []).append(cpu)
+                            print(
+                                f"round {r + 1} {kind:5} {mode:8}: {rate:8,.0f} tasks/s, "
+                                f"worker CPU {cpu:6.0f} us/task (load {os.getloadavg()[0]:.1f})",
+                                flush=True,
+                            )
                 for kind in KINDS:
                     off = results[(kind, "off")]
                     for mode in modes[1:]:
                         these = results[(kind, mode)]
                         ratios = [b / a_ for a_, b in zip(off, these, strict=True)]
+                        cpu_on = statistics.median(cpus[(kind, mode)])
+                        cpu_off = statistics.median(cpus[(kind, "off")])
                         print(
                             f"{kind}: {mode} / off per round "
                             + ", ".join(f"{x:.3f}" for x in ratios)
                             + f" (median {statistics.median(ratios):.3f}); medians "
-                            f"{statistics.median(these):,.0f}/s vs {statistics.median(off):,.0f}/s"
+                            f"{statistics.median(these):,.0f}/s vs {statistics.median(off):,.0f}/s; "
+                            f"worker CPU per task median {cpu_on:.0f} us vs {cpu_off:.0f} us "
+                            f"({cpu_on / cpu_off:.3f})"
                         )
         if a.only in (None, "scrape"):
             median, worst = scrape_time(db, a.history)
