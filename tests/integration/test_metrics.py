@@ -226,3 +226,42 @@ def test_the_dashboard_serves_the_queues_state_behind_its_token(
     assert lag is not None and lag >= 0
     assert total(samples, "tether_scrape_errors_total") == 0
     assert not any(name.startswith("tether_tasks_finished") for name, _ in samples)  # no worker counters
+
+
+def test_a_workflow_step_settled_by_the_reaper_is_counted_reconciled(
+    database_url: str, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    from tests.apps.support import ensure_ledger, load_app_module
+
+    ensure_ledger(db)
+    flows = load_app_module("flows", database_url)
+    port = 19114
+    workers.start(
+        "tests.apps.flows:app",
+        "--processes",
+        "1",
+        "--queues",
+        "default",
+        "--metrics-port",
+        str(port),
+        env={"TETHER_CHECK_INTERVAL_MS": "1000"},
+    )
+    # The first step goes to `other`, which nobody serves; its task is then ended by SQL, as a
+    # process that died between the task's end and the workflow's advance leaves it.
+    first = flows.number.with_options(queue="other").node(args=(7,), name="first")
+    then = flows.add.node(kwargs={"b": 1}, args_from={"a": first}, name="then")
+    handle = flows.app.workflow("stuck", [first, then], output="then").start()
+    (task_id,) = [
+        r["task_id"]
+        for r in db.execute(
+            "SELECT task_id FROM tether_workflow_tasks WHERE workflow_id = %s AND node_name = 'first'",
+            (handle.id,),
+        ).fetchall()
+    ]
+    db.execute(
+        "UPDATE tether_tasks SET status = 'COMPLETED', result = '{\"ok\": 7}'::jsonb, completed_at = now(),"
+        " updated_at = now() WHERE id = %s",
+        (task_id,),
+    )
+    assert handle.get(timeout=WAIT).ok == 8  # the reaper settled `first`; `then` ran
+    assert value(scrape(metrics_url(port)), "tether_recoveries_total", rule="workflow_step_reconciled") == 1
