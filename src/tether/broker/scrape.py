@@ -14,6 +14,13 @@ from tether.broker import counts, health
 from tether.broker.queries import q
 from tether.broker.types import Conn
 
+#: Pages of tether_tasks a scrape's estimate of the finished statuses reads: 100 pages (about
+#: 1,500 tasks) cost 7 ms at a million rows where counts.py's 1,000 for the dashboard cost 45 ms,
+#: for figures within about 10 % (history on a board, not arithmetic).
+SAMPLE_PAGES = 100
+#: What waits is counted exactly up to this per queue (through the claim index), estimated beyond.
+PENDING_EXACT_UP_TO = 10_000
+
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
@@ -26,7 +33,7 @@ class QueueState:
 
 def queue_state(conn: Conn) -> QueueState:
     with conn.transaction():
-        found = counts.queue_counts(conn)
+        found = counts.queue_counts(conn, sample_pages=SAMPLE_PAGES, pending_exact_up_to=PENDING_EXACT_UP_TO)
         lag = health.queue_lag(conn)
         rows = conn.execute(q("workers_by_status")).fetchall()
     return QueueState(found, lag, {row["status"]: int(row["n"]) for row in rows})
