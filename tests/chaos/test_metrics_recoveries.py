@@ -6,17 +6,40 @@ and compares its counters with the task and attempt rows the recovery wrote.
 
 from __future__ import annotations
 
+import os
+import secrets
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from tests.apps.support import attempt_rows, ensure_ledger, load_app_module, task_row
 from tests.chaos.conftest import APP, FAST, check_history, last_heartbeat, runs, token, wait_all, wait_status
+from tests.chaos.test_network_loss import terminate, url_as
 from tests.conftest import WorkerFactory, wait_until
 from tests.metrics_scrape import Samples, scrape, value
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED"}
+
+
+@pytest.fixture
+def worker_role(db: Any, database_url: str) -> Iterator[tuple[str, str]]:
+    """A login role of its own for the worker to be cut off (as test_network_loss.py's)."""
+    role = f"tether_metrics_{os.getpid()}_{secrets.token_hex(3)}"
+    db.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(role)))
+    try:
+        yield role, url_as(database_url, role)
+    finally:
+        db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        terminate(db, role)
+        wait_until(
+            lambda: not db.execute("SELECT 1 FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone(),
+            timeout=10,
+            message=f"role {role}'s connections to go",
+        )
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def recoveries(samples: Samples) -> dict[str, float]:
@@ -155,3 +178,45 @@ def test_a_child_whose_event_loop_blocks_is_counted_as_hung(
     samples = scrape(f"http://127.0.0.1:{port}/metrics")
     assert value(samples, "tether_recoveries_total", rule="hung_child") == 1
     assert value(samples, "tether_recoveries_total", rule="dead_child") == 0
+
+
+@pytest.mark.timing
+@pytest.mark.direct_only("the worker's own login role is refused and its sessions ended")
+def test_a_worker_cut_off_from_the_database_counts_the_work_it_stopped_and_still_answers_scrapes(
+    db: Any, chaos: ModuleType, workers: WorkerFactory, worker_role: tuple[str, str]
+) -> None:
+    role, role_url = worker_role
+    hold = chaos.app.tasks["hold"]
+    port = 19123
+    a = workers.start(
+        APP,
+        "--processes",
+        "2",
+        "--prefetch",
+        "1",
+        "--metrics-port",
+        str(port),
+        env={**FAST, "TETHER_DATABASE_URL": role_url},
+    )
+    handles = [hold.send(token(), 30), hold.send(token(), 30), hold.send(token(), 0)]
+
+    def a_holds_all() -> bool:
+        rows = [task_row(db, h.id) for h in handles]
+        return [r["status"] for r in rows] == ["RUNNING", "RUNNING", "CLAIMED"] and all(
+            r["claimed_by_worker_id"] == a.worker_id for r in rows
+        )
+
+    wait_until(a_holds_all, message="A to run two tasks and hold one CLAIMED")
+    db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    terminate(db, role)
+    wait_until(lambda: "isolating itself" in a.log(), timeout=20, message="A to isolate itself")
+    # Three tasks stopped: the two running ones frozen with their children, and the claimed
+    # one frozen in the child it was handed to ahead, or dropped if it was still unhanded.
+    samples = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert value(samples, "tether_recoveries_total", rule="self_isolation") == 3
+    held = value(samples, "tether_worker_tasks_in_flight")
+    assert held in (2, 3), held  # frozen ones stay held until the worker rejoins
+    assert value(samples, "tether_heartbeat_failures_total") >= 1
+    # The database's side could not be read; the worker's own counters still answer.
+    assert value(samples, "tether_scrape_errors_total") >= 1
+    assert value(samples, "tether_tasks", queue="default", status="RUNNING") is None
