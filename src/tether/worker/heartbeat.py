@@ -112,9 +112,9 @@ class Heartbeat(Service):
         # Opening a connection (after a failed beat) is not part of the beat's time limit:
         # over a slow link the handshake alone takes two round trips, and a limit that
         # counted it would fail every beat from then on. connect_timeout bounds it.
-        conn = await self.connection.get()
-        sent = time.monotonic()
         try:
+            conn = await self.connection.get()  # a beat that cannot connect failed too
+            sent = time.monotonic()
             answer = await asyncio.wait_for(
                 heartbeats.write_heartbeats(
                     conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
