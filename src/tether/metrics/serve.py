@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import disable_created_metrics, start_http_server
+from prometheus_client import start_http_server
 
 from tether.app import Tether
 from tether.broker.types import Conn
@@ -45,9 +45,6 @@ class WorkerEndpoint:
         children: Callable[[], float],
     ) -> None:
         assert config.metrics_port is not None
-        # No *_created series: they double the series of every counter and histogram, and
-        # Prometheus reads a reset from the counter itself. This process serves no other metrics.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.metrics = WorkerMetrics(app_labels(app), in_flight, children)
         self._connection = DedicatedConnection(url, app.config, "metrics")
         self._lock = threading.Lock()
