@@ -10,11 +10,17 @@ between the first ``started_at`` and the last ``completed_at`` (database time), 
 ``throughput`` scenario measures it.
 
 - off: tether's defaults (no --metrics-port, tracing off);
-- on: ``--metrics-port`` with this run scraping it every second (each scrape also reads
-  the queues' state from the database), ``TETHER_TRACING=1`` with the OpenTelemetry SDK
-  installed in every process of the worker and a batch processor whose exporter drops the
-  spans (bench/otel_sdk.py), and the tasks sent traced (so each run extracts and links its
-  send's context).
+- metrics: ``--metrics-port`` with this run scraping it every second (each scrape also reads
+  the queues' state from the database);
+- tracing: ``TETHER_TRACING=1`` with the OpenTelemetry SDK installed in every process of the
+  worker and a batch processor whose exporter drops the spans (bench/otel_sdk.py), and the
+  tasks sent traced by a producer with the SDK (so each run extracts and links its send's
+  context), every trace sampled;
+- on: both; sampled: both, with 1 % of traces sampled (ParentBased(TraceIdRatioBased)).
+
+Beside the throughput, the worker's CPU time per task (its processes' user + system time over
+the run, after a warm-up): on a shared machine the throughput moves with others' load, the
+CPU time much less.
 
 Then, with ``--history N`` terminal rows (default 1,000,000) filled by SQL, the median time
 of a scrape of the dashboard's /metrics (``DashboardMetrics.exposition``, what a scrape
@@ -34,6 +40,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import otel_sdk
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, wait_all_terminal
 from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
@@ -89,13 +96,20 @@ def settled(pid: int, children: int) -> None:
 
 
 def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
-    """``mode``: off, metrics, tracing or on (both). Returns (tasks/s by database time, worker
-    CPU microseconds per task): the second is what the machine's other load moves least."""
+    """``mode``: off, metrics, tracing, on (both), or sampled (both, 1 % of traces sampled).
+    Returns (tasks/s by database time, worker CPU microseconds per task): the second is what the
+    machine's other load moves least."""
     app_path, task_name, args = KINDS[kind]
-    traced = mode in ("tracing", "on")
-    metered = mode in ("metrics", "on")
+    traced = mode in ("tracing", "on", "sampled")
+    metered = mode in ("metrics", "on", "sampled")
+    ratio = 0.01 if mode == "sampled" else 1.0
+    otel_sdk.set_ratio(ratio)  # the producer's sampler: a run follows its send's decision
     db.reset_tasks()
-    env = {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1"} if traced else {}
+    env = (
+        {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1", "TETHER_BENCH_OTEL_RATIO": str(ratio)}
+        if traced
+        else {}
+    )
     extra = (*args, "--metrics-port", str(PORT)) if metered else args
     worker = bench_worker(
         db,
@@ -188,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         with db.connect() as conn:
             migrate(conn)
         print(f"load before: {os.getloadavg()}")
+        otel_sdk.install(1.0)  # the producer's SDK: traced sends store a sampled context
         if a.only in (None, "throughput"):
             with tempfile.TemporaryDirectory() as tmp:
                 modes = a.modes.split(",")
