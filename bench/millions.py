@@ -51,6 +51,7 @@ from bench.apps import make_app
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, connect_dict, wait_for, with_database
 from bench.millions_reads import Samples, Timing
 from tether.broker.queries import q
+from tether.broker.retention import FROM_THE_START
 from tether.config import AppConfig, PostgresConfig
 from tether.worker.reaper import Reaper
 
@@ -345,9 +346,10 @@ def reaper_statements(db: BenchDatabase, repeat: int) -> list[Timing]:
         "stuck_steps": {"limit": 500},
         "unfinished_workflows": {"limit": 500},
         "cancelled_leftovers": {"limit": 500},
-        "prune_heartbeats": {"age": timedelta(hours=24), "limit": 5000},
-        "prune_terminal_tasks": {"age": timedelta(hours=720), "limit": 5000},
-        "prune_workflows": {"age": timedelta(hours=720), "limit": 5000},
+        # One batch of retention (worker/retention.py), read from the start as a first pass does.
+        "prune_heartbeats": {"age": timedelta(hours=24), "limit": 1000, "after": FROM_THE_START},
+        "prune_terminal_tasks": {"age": timedelta(hours=720), "limit": 1000, "after": FROM_THE_START},
+        "prune_workflows": {"age": timedelta(hours=720), "limit": 1000},
     }
     found = []
     with psycopg.connect(db.url) as conn:

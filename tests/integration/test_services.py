@@ -33,7 +33,8 @@ from tether.broker.queries import q
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig
 from tether.db.connection import DedicatedConnection
 from tether.worker.heartbeat import SNAPSHOT_EVERY, Heartbeat
-from tether.worker.reaper import Reaper
+from tether.worker.reaper import PRUNE_AGAIN_S, Reaper
+from tether.worker.retention import Retention
 from tether.worker.scheduler import Scheduler
 from tether.worker.services import Services
 from tether.worker.work_listener import WorkListener
@@ -125,6 +126,34 @@ async def eventually(predicate: Any, what: str) -> None:
 
 
 # -- the connection every service gets -----------------------------------------------------
+
+
+def test_a_reaper_behind_on_retention_prunes_again_soon_between_the_fleets_passes(
+    database_url: str, db: Conn
+) -> None:
+    """One pass per check interval for the whole fleet must not slow pruning: the worker
+    whose retention ran out of budget with rows left prunes again PRUNE_AGAIN_S later, on
+    ticks where the fleet's pass is not due, until it has caught up."""
+    db.execute(
+        "INSERT INTO tether_heartbeats (task_id, sender_id, role, sent_at, hostname, pid) "
+        "SELECT gen_random_uuid(), 'gone-1', 'runner', now() - interval '30 hours', 'h', 1 "
+        "FROM generate_series(1, 2500)"
+    )
+    old = "SELECT count(*) AS n FROM tether_heartbeats WHERE sent_at < now() - interval '24 hours'"
+    reaper = Reaper(database_url, app_config(database_url), heartbeat_interval_s=1.0, worker_id="w-1")
+    reaper.retention = Retention(reaper.config, batch=1000, budget_s=0)  # one batch per tick
+    try:
+        done, wait = reaper.run_once()  # the fleet's pass is due: this worker does it, and prunes
+        assert done is not None and reaper.retention.behind and wait == PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 1500
+        done, wait = reaper.run_once()  # no pass due now, but pruning goes on
+        assert done is None and reaper.retention.behind and wait == PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 500
+        done, wait = reaper.run_once()  # caught up: back to the fleet's schedule
+        assert done is None and not reaper.retention.behind and wait > PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 0
+    finally:
+        reaper.connection.close()
 
 
 @pytest.mark.direct_only(
