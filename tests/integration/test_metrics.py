@@ -90,9 +90,16 @@ def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
         ),
         message="every task to end",
     )
+    # (The database's side of a scrape is read at most once a second: wait for a fresh one.)
     samples = wait_until(
-        lambda: (s := scrape(url)) and value(s, "tether_worker_tasks_in_flight") == 0 and s,
-        message="nothing in flight",
+        lambda: (
+            (s := scrape(url))
+            and value(s, "tether_worker_tasks_in_flight") == 0
+            and value(s, "tether_tasks", queue="default", status="COMPLETED") is not None
+            and value(s, "tether_tasks", queue="default", status="RUNNING") == 0
+            and s
+        ),
+        message="nothing in flight, in the worker and in the database",
     )
 
     rows = finished_rows(db)
@@ -131,6 +138,7 @@ def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
     assert value(samples, "tether_heartbeat_write_seconds_count") >= 1
     assert value(samples, "tether_heartbeat_failures_total") == 0
     # The database's side: the finished tasks, the worker.
+    assert value(samples, "tether_scrape_errors_total") == 0, worker.log()
     assert value(samples, "tether_tasks", queue="default", status="COMPLETED") == 14
     assert value(samples, "tether_tasks", queue="default", status="FAILED") == 7
     assert value(samples, "tether_tasks", queue="default", status="PENDING") == 0
