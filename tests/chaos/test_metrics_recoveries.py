@@ -146,8 +146,16 @@ def test_startup_reconciliation_counts_the_tasks_of_the_dead_worker_it_recovered
     (attempt,) = attempt_rows(db, fail.id)
     assert "on this host is gone" in attempt["error_message"]
     assert attempt_rows(db, retry.id)[0]["will_retry"]
-    samples = scrape(f"http://127.0.0.1:{port}/metrics")
-    assert value(samples, "tether_recoveries_total", rule="startup_reconciliation") == 4  # 2 + 1 + 1
+    # Counted once the recovery's transaction is back in the event loop, just after the rows.
+    samples = wait_until(
+        lambda: (
+            (s := scrape(f"http://127.0.0.1:{port}/metrics"))
+            and value(s, "tether_recoveries_total", rule="startup_reconciliation") == 4  # 2 + 1 + 1
+            and s
+        ),
+        timeout=10,
+        message="startup_reconciliation to count 4",
+    )
     for rule in ("stale_running_failed", "stale_running_retried", "stale_claimed_requeued", "dead_child"):
         assert value(samples, "tether_recoveries_total", rule=rule) == 0, rule
     assert f"{2} task(s) requeued, 1 retried, 1 failed" in b.log()
@@ -175,8 +183,16 @@ def test_a_child_whose_event_loop_blocks_is_counted_as_hung(
     (attempt,) = attempt_rows(db, blocker.id)
     assert (row["status"], attempt["error_code"]) == ("FAILED", "WORKER_CRASHED")
     assert "event loop was blocked" in attempt["error_message"]
-    samples = scrape(f"http://127.0.0.1:{port}/metrics")
-    assert value(samples, "tether_recoveries_total", rule="hung_child") == 1
+    # Counted once the crash recording's thread is back in the event loop, just after the row.
+    samples = wait_until(
+        lambda: (
+            (s := scrape(f"http://127.0.0.1:{port}/metrics"))
+            and value(s, "tether_recoveries_total", rule="hung_child") == 1
+            and s
+        ),
+        timeout=10,
+        message="hung_child to count 1",
+    )
     assert value(samples, "tether_recoveries_total", rule="dead_child") == 0
 
 

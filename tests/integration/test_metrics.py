@@ -97,9 +97,11 @@ def test_a_worker_counts_what_its_sync_and_async_children_did_as_the_rows_say(
             and value(s, "tether_worker_tasks_in_flight") == 0
             and value(s, "tether_tasks", queue="default", status="COMPLETED") is not None
             and value(s, "tether_tasks", queue="default", status="RUNNING") == 0
+            # a recovery is counted when its recording is back in the event loop, after its rows
+            and total(s, "tether_recoveries_total") >= 3
             and s
         ),
-        message="nothing in flight, in the worker and in the database",
+        message="nothing in flight, in the worker and in the database, and three recoveries counted",
     )
 
     rows = finished_rows(db)
@@ -197,7 +199,12 @@ def test_a_task_past_good_until_is_counted_expired_by_the_reaper_that_expired_it
         timeout=15,
         message="the tasks to expire",
     )
-    assert value(scrape(metrics_url(port)), "tether_recoveries_total", rule="expired") == 3
+    # Counted when the reaper's pass is back in the event loop, just after its commit.
+    wait_until(
+        lambda: value(scrape(metrics_url(port)), "tether_recoveries_total", rule="expired") == 3,
+        timeout=10,
+        message="expired to count 3",
+    )
 
 
 @pytest.fixture
@@ -272,4 +279,10 @@ def test_a_workflow_step_settled_by_the_reaper_is_counted_reconciled(
         (task_id,),
     )
     assert handle.get(timeout=WAIT).ok == 8  # the reaper settled `first`; `then` ran
-    assert value(scrape(metrics_url(port)), "tether_recoveries_total", rule="workflow_step_reconciled") == 1
+    wait_until(
+        lambda: (
+            value(scrape(metrics_url(port)), "tether_recoveries_total", rule="workflow_step_reconciled") == 1
+        ),
+        timeout=10,
+        message="workflow_step_reconciled to count 1",
+    )
