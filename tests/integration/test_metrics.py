@@ -241,6 +241,31 @@ def test_the_dashboard_serves_the_queues_state_behind_its_token(
     assert lag is not None and lag >= 0
     assert total(samples, "tether_scrape_errors_total") == 0
     assert not any(name.startswith("tether_tasks_finished") for name, _ in samples)  # no worker counters
+    assert value(samples, "tether_table_bytes", table="tether_tasks") > 0
+
+
+def test_a_scrape_shows_an_open_transaction_holding_the_horizon_back(
+    database_url: str, dashboard_server: DashboardServer
+) -> None:
+    url, auth = dashboard_server.url + "metrics", {"Authorization": "Bearer sekrit"}
+    with psycopg.connect(database_url) as holder:  # not autocommit: the SELECT opens a transaction
+        holder.execute("SELECT txid_current()")
+        samples = wait_until(
+            lambda: (
+                (s := scrape(url, auth))
+                and (value(s, "tether_db_oldest_transaction_seconds") or 0) >= 2
+                and s
+            ),
+            timeout=15,
+            message="the open transaction's age in a scrape",
+        )
+        assert (value(samples, "tether_db_horizon_xmin_age") or 0) >= 0
+        holder.rollback()
+    wait_until(
+        lambda: (value(scrape(url, auth), "tether_db_oldest_transaction_seconds") or 0) < 2,
+        timeout=15,
+        message="the transaction's end in a scrape",
+    )
 
 
 def test_a_workflow_step_settled_by_the_reaper_is_counted_reconciled(

@@ -2,7 +2,8 @@
 
 One read-only transaction per scrape, whatever the number of queues: the counts of
 counts.py (exact for what waits and runs, estimated for history), the oldest due PENDING
-task of each queue (health.py's skip scan of the claim index) and the workers by status.
+task of each queue (health.py's skip scan of the claim index), the workers by status, and
+health.py's statistics-view reads (the MVCC horizon's holders, each table's dead rows).
 None of it grows with the history.
 """
 
@@ -29,6 +30,9 @@ class QueueState:
     counts: list[counts.QueueCount]
     lag: list[health.QueueLag]
     workers: dict[str, int]  # status -> how many
+    # `tether health`'s facts that turn a queue's dead rows into a collapse (docs/health.md):
+    horizon: list[health.HorizonHolder]  # what holds the MVCC horizon back, oldest first
+    tables: list[health.TableStats]  # each tether table's dead rows and size (statistics)
 
 
 def queue_state(conn: Conn) -> QueueState:
@@ -36,4 +40,6 @@ def queue_state(conn: Conn) -> QueueState:
         found = counts.queue_counts(conn, sample_pages=SAMPLE_PAGES, pending_exact_up_to=PENDING_EXACT_UP_TO)
         lag = health.queue_lag(conn)
         rows = conn.execute(q("workers_by_status")).fetchall()
-    return QueueState(found, lag, {row["status"]: int(row["n"]) for row in rows})
+        horizon = health.horizon_holders(conn)
+        tables = health.tether_tables(conn)
+    return QueueState(found, lag, {row["status"]: int(row["n"]) for row in rows}, horizon, tables)

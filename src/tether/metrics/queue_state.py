@@ -95,7 +95,36 @@ class QueueStateCollector(Collector):
         for row in state.lag:
             paused.add_metric([row.queue], 1.0 if row.paused else 0.0)
         yield paused
+        yield from _health(state)
         workers = GaugeMetricFamily("tether_workers", "Workers in the registry by status.", labels=["status"])
         for worker_status in ("active", "stopped", "inactive"):
             workers.add_metric([worker_status], state.workers.get(worker_status, 0))
         yield workers
+
+
+def _health(state: QueueState) -> Iterator[GaugeMetricFamily]:
+    """`tether health`'s figures that page before a collapse (docs/health.md)."""
+    ages = [h.transaction_age_s for h in state.horizon if h.transaction_age_s is not None]
+    xmins = [h.xmin_age for h in state.horizon if h.xmin_age is not None]
+    yield GaugeMetricFamily(
+        "tether_db_oldest_transaction_seconds",
+        "Age of the oldest open transaction in this database (0: none): it holds back vacuum.",
+        value=max(ages, default=0.0),
+    )
+    yield GaugeMetricFamily(
+        "tether_db_horizon_xmin_age",
+        "Transactions started since the oldest MVCC horizon held (a session, prepared "
+        "transaction or replication slot); dead rows younger than it cannot be removed.",
+        value=float(max(xmins, default=0)),
+    )
+    dead = GaugeMetricFamily(
+        "tether_table_dead_rows", "Dead rows of each tether table (statistics estimate).", labels=["table"]
+    )
+    size = GaugeMetricFamily(
+        "tether_table_bytes", "Size of each tether table on disk, heap and indexes.", labels=["table"]
+    )
+    for table in state.tables:
+        dead.add_metric([table.table_name], table.dead_rows)
+        size.add_metric([table.table_name], table.table_bytes + table.index_bytes)
+    yield dead
+    yield size
