@@ -311,3 +311,19 @@ def test_a_workflow_step_settled_by_the_reaper_is_counted_reconciled(
         timeout=10,
         message="workflow_step_reconciled to count 1",
     )
+
+
+def test_a_metrics_port_in_use_stops_the_worker_at_start_naming_the_option(
+    db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    import socket
+
+    port = 19115
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port))
+        taken.listen()
+        worker = workers.start(APP, "--processes", "1", "--metrics-port", str(port), wait=False)
+        assert worker.proc.wait(timeout=WAIT) != 0
+    assert f"metrics_port: cannot serve metrics on 0.0.0.0:{port}" in worker.log(), worker.log()
+    # Refused before it registered: nothing written.
+    assert db.execute("SELECT count(*) AS n FROM tether_workers").fetchone()["n"] == 0
