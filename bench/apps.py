@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any
 
+from bench import otel_sdk as bench_otel_sdk
 from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
 
 
@@ -46,6 +47,7 @@ def make_app(database_url: str | None = None, *, pool_max_size: int | None = Non
     return _register(Tether(AppConfig(broker=PostgresConfig(**broker))))
 
 
+bench_otel_sdk.install_if_asked()  # tracing's cost: bench/observability.py
 app = make_app()
 noop = app.tasks["noop"]
 hold = app.tasks["hold"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from bench import otel_sdk as bench_otel_sdk
 from tether import AppConfig, PostgresConfig, Tether
 
 
@@ -31,4 +32,5 @@ def make_app(database_url: str | None = None) -> Tether:
     return _register(Tether(AppConfig(broker=PostgresConfig(**broker))))
 
 
+bench_otel_sdk.install_if_asked()  # tracing's cost: bench/observability.py
 app = make_app()

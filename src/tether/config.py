@@ -9,6 +9,7 @@ without hand-written parsing, with explicit arguments taking precedence over the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
@@ -274,6 +275,11 @@ class WorkerConfig(BaseSettings):
     poll_interval_ms: Int = Field(default=1_000, ge=10, le=60_000)
     grace_period_s: Float = Field(default=30.0, ge=0, le=86_400)
     claim_batch_size: Int = Field(default=100, ge=1, le=10_000)
+    # Serve Prometheus metrics on this port (docs/monitoring.md); None: no endpoint, no cost.
+    metrics_port: OptInt = Field(default=None, ge=1, le=65_535)
+    # The address the metrics endpoint listens on (every interface: Prometheus scrapes from
+    # elsewhere; the metrics hold names and counts, never a task's arguments or errors).
+    metrics_host: str = "0.0.0.0"
 
     @field_validator("queues")
     @classmethod
@@ -476,6 +482,19 @@ class AppConfig(BaseSettings):
     # How often TaskHandle.get re-reads the row when no notification arrives.
     result_poll_interval_ms: Int = Field(default=500, ge=10, le=60_000)
     auto_migrate: bool = True  # apply pending schema migrations on first connection
+    # OpenTelemetry spans for sends and runs (TETHER_TRACING; docs/monitoring.md#tracing).
+    # Needs the tether[otel] extra; the application configures the SDK and its exporter.
+    tracing: bool = False
+
+    @field_validator("tracing")
+    @classmethod
+    def _otel_installed(cls, value: bool) -> bool:
+        # find_spec imports nothing: with tracing off, OpenTelemetry is never imported.
+        if value and importlib.util.find_spec("opentelemetry") is None:
+            raise ValueError(
+                "tracing (TETHER_TRACING) needs the OpenTelemetry API: pip install 'tether[otel]'"
+            )
+        return value
 
     @field_validator("queues")
     @classmethod

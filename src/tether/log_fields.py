@@ -64,6 +64,13 @@ def about_task(task: TaskLike, worker_id: str | None = None) -> dict[str, Any]:
     }
     if worker_id is not None:
         fields["worker_id"] = worker_id
+    stored = getattr(task, "trace_context", None)
+    if stored:
+        # The W3C traceparent "00-<trace id>-<span id>-<flags>" of its send (tracing on): a
+        # log backend joins the line to the trace (OpenTelemetry's log field names).
+        parts = stored.split("-", 3)
+        if len(parts) == 4:
+            fields["trace_id"], fields["span_id"] = parts[1], parts[2]
     return fields
 
 

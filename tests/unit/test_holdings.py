@@ -194,3 +194,16 @@ def test_a_dead_async_child_s_tasks_stay_held_until_recorded() -> None:
     for t in gone:
         held.forget(t.id)
     assert held.held("async") == 0 and len(held) == 0 and held.handed_count(3) == 0
+
+
+def test_forgetting_a_given_back_attempt_keeps_the_newer_claim_of_the_same_task() -> None:
+    held = holding("a")
+    first = held.next_unhanded()
+    assert first is not None and first.attempt == 1
+    held.hand(0, first)
+    assert held.child_gone(0) == [first]  # its child died before starting it: given back...
+    assert held.take(task("a", attempt=2))  # ...and claimed again before the give-back is forgotten
+    held.forget("a", attempt=1)
+    assert len(held) == 1 and held.get("a") == task("a", attempt=2)
+    held.forget("a", attempt=2)
+    assert len(held) == 0

@@ -37,6 +37,11 @@ class TaskPayload:
     max_retries: int
     retry_policy: str | None
     workflow_id: str | None = None  # set when the task is a workflow step
+    # Seconds from the moment it became due (run_at) to its claim, by the database's clock:
+    # the queue wait metric (docs/monitoring.md). None when not read from a claim.
+    waited_s: float | None = None
+    # The W3C trace context it was sent with (tracing enabled), for the run's CONSUMER span.
+    trace_context: str | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> TaskPayload:
@@ -51,6 +56,8 @@ class TaskPayload:
             max_retries=row["max_retries"],
             retry_policy=row["retry_policy"],
             workflow_id=str(row["workflow_id"]) if row.get("workflow_id") else None,
+            waited_s=row.get("waited_s"),
+            trace_context=row.get("trace_context"),
         )
 
 

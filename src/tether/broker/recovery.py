@@ -44,6 +44,7 @@ class RequeuedTask:
     claimed_by_worker_id: str
     silent_s: float  # seconds since the claim or the claimer's last heartbeat for it
     queue: str
+    trace_context: str | None = None  # what it was sent with (tracing): its log lines name the trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class CrashedTask:
     retry_delay_s: float | None
     settled: TaskStatus  # PENDING (a retry), FAILED or CANCELLED
     queue: str
+    trace_context: str | None = None  # what it was sent with (tracing): its log lines name the trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,15 @@ def requeue_stale_claimed(
         q("requeue_stale_claimed"), {"threshold": _ms(threshold_ms), "owner": owner, "limit": limit}
     ).fetchall()
     requeued = [
-        RequeuedTask(r["id"], r["name"], r["attempt"], r["claimed_by_worker_id"], r["silent_s"], r["queue"])
+        RequeuedTask(
+            r["id"],
+            r["name"],
+            r["attempt"],
+            r["claimed_by_worker_id"],
+            r["silent_s"],
+            r["queue"],
+            r["trace_context"],
+        )
         for r in rows
     ]
     for task in [] if quiet else requeued:
@@ -203,6 +213,7 @@ def recover_stale_running(
                 outcome.retry_delay_s if settled is TaskStatus.PENDING else None,
                 settled,
                 row["queue"],
+                row["trace_context"],
             )
             (retried if settled is TaskStatus.PENDING else failed).append(task)
             if quiet:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from tether import tracing
 from tether.broker.answers import Answer
 from tether.broker.queries import q
 from tether.broker.rows import AttemptInfo, TaskInfo, with_status
@@ -53,6 +54,7 @@ class SendSpec:
             "durable": self.durable,
             "run_at": self.run_at,
             "notify_always": self.notify_always,
+            "trace_context": tracing.outgoing(),
         }
 
 
@@ -82,6 +84,7 @@ def _insert_params(spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> dic
         "durable": spec.durable,
         "run_at": spec.run_at,
         "notify_always": spec.notify_always,
+        "trace_context": tracing.outgoing(),
     }
 
 

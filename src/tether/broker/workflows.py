@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict
 
+from tether import tracing
 from tether.broker.queries import q
 from tether.broker.rows import StepInfo, WorkflowInfo, WorkflowSummary, with_status
 from tether.broker.types import AsyncConn, Conn, Row
@@ -98,6 +99,7 @@ def _workflow_params(workflow: NewWorkflow) -> dict[str, Any]:
         "on_error": workflow.on_error,
         "output_node": workflow.output_node,
         "steps_total": workflow.steps_total,
+        "trace_context": tracing.outgoing(),
     }
 
 

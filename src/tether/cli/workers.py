@@ -56,6 +56,15 @@ from tether.worker_options import worker_config
     "before its process is killed (default 5).",
 )
 @click.option("--poll-interval-ms", type=int, default=None, help="Fallback poll when no NOTIFY arrives.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: off; docs/monitoring.md).",
+)
+@click.option(
+    "--metrics-host", default=None, help="Address the metrics endpoint listens on (default 0.0.0.0)."
+)
 @common.log_format_option
 def worker(
     app_path: str | None,
@@ -69,6 +78,8 @@ def worker(
     grace_period: float | None,
     cancel_grace: float | None,
     poll_interval_ms: int | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
     log_format: str | None,
 ) -> None:
     """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
@@ -96,6 +107,8 @@ def worker(
         "grace_period_s": grace_period,
         "cancel_grace_s": cancel_grace,
         "poll_interval_ms": poll_interval_ms,
+        "metrics_port": metrics_port,
+        "metrics_host": metrics_host,
     }
     run_worker(app, app_path, worker_config(app, overrides))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
+from tether import tracing
 from tether.app_view import AppView
 from tether.broker.types import AsyncCallerConn, AsyncConn, CallerConn, Conn
 from tether.caller_transaction import run_in, run_in_async
@@ -48,6 +49,11 @@ class Route:
 
     def run(self, plan: Plan[W], call: str) -> W:
         """``plan`` written from sync code; ``call`` names the API in errors ("send()")."""
+        if self.app.config.tracing:
+            return tracing.traced_send(plan, lambda: self._run(plan, call))
+        return self._run(plan, call)
+
+    def _run(self, plan: Plan[W], call: str) -> W:
         if self.connection is not None:
             return run_in(self.app.broker, self.connection, call, plan.write)
         if plan.all_or_none:
@@ -62,6 +68,11 @@ class Route:
     async def run_async(self, plan: Plan[W], call: str) -> W:
         """``plan`` written from async code: on the caller's async connection if one was lent,
         else on the app's pool in a thread (offload.py says why not an async pool)."""
-        if self.connection is not None:
-            return await run_in_async(self.app.broker, self.connection, call, plan.write_async)
+        lent = self.connection
+        if lent is not None:
+            if self.app.config.tracing:
+                return await tracing.traced_send_async(
+                    plan, lambda: run_in_async(self.app.broker, lent, call, plan.write_async)
+                )
+            return await run_in_async(self.app.broker, lent, call, plan.write_async)
         return await in_thread(lambda: self.run(plan, call))

@@ -34,6 +34,7 @@ from tether.web import actions, api
 from tether.web.auth import READ_ONLY_NOTE, Access, Refusal, is_loopback
 from tether.web.hosts import HostCheck
 from tether.web.jsonout import ApiError, encode
+from tether.web.metrics import DashboardMetrics
 
 log = logging.getLogger("tether.web")
 
@@ -83,6 +84,7 @@ class DashboardServer(ThreadingHTTPServer):
         }
         self._lock = threading.Lock()
         self._cached: tuple[float, bytes] | None = None
+        self.metrics = DashboardMetrics(broker)
 
     def status_json(self) -> bytes:
         """The snapshot as JSON, read afresh unless one younger than SNAPSHOT_MAX_AGE_S exists."""
@@ -155,7 +157,7 @@ class DashboardHandler(BaseHTTPRequestHandler):
             else:
                 self._reply(200, *found)
             return
-        if path.startswith("/api/") and path != "/api/meta":
+        if (path.startswith("/api/") and path != "/api/meta") or path == "/metrics":
             refusal = self.server.access.read_refusal(self.headers)
             if refusal is not None:
                 log.info(
@@ -175,6 +177,9 @@ class DashboardHandler(BaseHTTPRequestHandler):
                 self._json(503, {"error": str(exc)})
                 return
             self._reply(200, "application/json", body)
+            return
+        if path == "/metrics":
+            self._reply(200, *self.server.metrics.exposition(self.headers.get("Accept")))
             return
         for pattern, reader in GET_ROUTES:
             match = pattern.fullmatch(path)

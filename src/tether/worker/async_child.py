@@ -92,6 +92,7 @@ class AsyncChild:
         # reads this, from the loop or from a sync task's thread.
         self.cancel_requested: set[str] = set()
         self.running_names: dict[str, str] = {}  # the task name of each running task
+        self.ran_s: dict[str, float] = {}  # seconds each finished task's code ran, until told
         set_cancel_probe(self.cancel_requested.__contains__)
         self.finished: list[OutcomeWrite] = []  # code ended, outcome not yet written
         self.stopping = False
@@ -187,6 +188,7 @@ class AsyncChild:
         set_current_task_in_context(running_task(payload, self.recorder.worker_id))
         progress = self.progress.for_task(payload)
         set_reporter_in_context(progress)
+        began = time.monotonic()
         try:
             outcome = await self.executor.run_async(payload)
             # The reports it made without waiting are written before its outcome ends the
@@ -200,6 +202,7 @@ class AsyncChild:
         del self.running_names[payload.id]
         self.cancel_requested.discard(payload.id)
         self.finished.append(OutcomeWrite(payload, outcome))
+        self.ran_s[payload.id] = time.monotonic() - began
         self._wake.set()
 
     # -- writing ------------------------------------------------------------------------
@@ -285,4 +288,6 @@ class AsyncChild:
             lost=[t.id for t in starts if t.id not in started],
             done=[[w.task.id, recorded.get(w.task.id, "LOST")] for w in outcomes],
             released=[t.id for t in releases],
+            # For the worker's metrics (tether.metrics): the main process counts for its children.
+            ran=[[w.outcome.error_code, self.ran_s.pop(w.task.id, None)] for w in outcomes],
         )

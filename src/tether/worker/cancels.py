@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 
 from tether.log_fields import about_task
+from tether.metrics import rules
 from tether.result import ErrorCode, TaskError
 from tether.worker.holdings import Holdings
 from tether.worker.supervisor import ChildSlot, Supervisor
@@ -91,6 +92,7 @@ class Cancels:
             "process was killed",
             {"cancel_grace_s": grace},
         )
+        slot.killed_as = rules.CANCELLED_WHILE_RUNNING
         if slot.kind == "async":
             slot.crash_reason = (
                 f"its async child was killed because task {task_id} ({held.name}) did not stop within "

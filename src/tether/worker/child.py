@@ -158,6 +158,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
                 continue
         set_reporter(WaitingReporter(recorder, current))
         set_current_task(running_task(current, recorder.worker_id))
+        began = time.monotonic()
         try:
             outcome = executor.run(current)
         except Exception as exc:  # a bug of ours must not kill the child and pass as a crash
@@ -165,6 +166,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
         finally:
             set_reporter(None)
             set_current_task(None)
+        ran_s = time.monotonic() - began
         guard.disarm()
         reply = _ask_next(conn, pushed, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
@@ -186,6 +188,9 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             status=settled or "LOST",
             next_id=next_task.id if next_task else None,
             next_lost=next_task is not None and not next_started,
+            # For the worker's metrics (tether.metrics): the main process counts for its children.
+            code=outcome.error_code,
+            run_s=ran_s,
         )
         if reply["op"] == protocol.STOP:
             return

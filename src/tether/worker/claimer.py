@@ -19,6 +19,7 @@ from tether.broker import claims
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
+from tether.metrics import hooks
 from tether.worker.backoff import Backoff, Outage
 from tether.worker.claim_marks import ClaimMarks
 from tether.worker.claim_triggers import ClaimTriggers
@@ -82,6 +83,7 @@ class Claimer:
                 try:
                     await self.claim_once()
                 except DatabaseError as exc:
+                    hooks.claim_failed()
                     self.triggers.claim_failed()
                     delay = backoff.next()
                     outage.failed(exc, delay)
@@ -137,6 +139,7 @@ class Claimer:
             ),
         )
         tasks = claimed.tasks
+        hooks.claimed(tasks, time.monotonic() - started)
         # The claim took all the room it had when some kind filled its room: there may be
         # more work (with both kinds of child, the rows scanned beyond one kind's room are
         # left to a later claim). Triggers and registration count it as a full claim.

@@ -16,10 +16,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tether import tracing
 from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.log_fields import about_task, about_tasks
-from tether.result import TaskError
+from tether.metrics import hooks, rules
+from tether.result import ErrorCode, TaskError
 from tether.worker import protocol
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
@@ -50,6 +52,31 @@ def outcomes_of(held: list[TaskPayload], verdicts: dict[str, str]) -> str:
     return "; ".join(parts)
 
 
+# The verdicts of record_crashes (and _record_crash) under which no row was recovered here.
+_NOT_RECOVERED = ("released", "already settled", "could not be recorded")
+
+
+def recovery_rules(
+    held: list[TaskPayload], verdicts: dict[str, str], killed_for: dict[str, TaskError], killed_as: str | None
+) -> list[tuple[TaskPayload, str]]:
+    """Each started task of a dead child whose row the recording settled, and the rule that
+    applied: the worker's kill for it (time limit, ignored cancel), the kill of its child (hung,
+    or a neighbour's time limit or cancel in an async child), or the child's own death."""
+    found = []
+    for task in held:
+        if verdicts[task.id].startswith(_NOT_RECOVERED):
+            continue
+        error = killed_for.get(task.id)
+        if error is None:
+            rule = killed_as or rules.DEAD_CHILD
+        elif error.code == ErrorCode.TIME_LIMIT_EXCEEDED:
+            rule = rules.TIME_LIMIT
+        else:
+            rule = rules.CANCELLED_WHILE_RUNNING
+        found.append((task, rule))
+    return found
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -61,8 +88,10 @@ class Dispatcher:
         supervisor: Supervisor,
         on_change: Callable[[], None],
         stopping: asyncio.Event,
+        traced: bool = False,
     ) -> None:
         self.lanes = lanes
+        self.traced = traced  # a recovery of a dead child's task is a span in its trace (tether.tracing)
         self.holdings = holdings
         self.time_limits = time_limits
         self.recorder = recorder
@@ -155,6 +184,7 @@ class Dispatcher:
             self._answer_next(slot)
         elif op == protocol.DONE:
             self.tasks_done += 1
+            hooks.finished(held.get(msg["id"]), msg["status"], msg.get("code"), msg.get("run_s"))
             self.time_limits.finished(slot)
             self.supervisor.clear_cancel(slot.index, msg["id"])
             next_started = None if msg["next_id"] is None else not msg["next_lost"]
@@ -171,6 +201,10 @@ class Dispatcher:
         held = self.holdings
         for task in held.started_many(slot.index, msg["started"]):
             self.time_limits.started(slot, task)
+        if hooks.enabled():
+            ran = msg.get("ran") or [[None, None]] * len(msg["done"])
+            for (task_id, status), (code, run_s) in zip(msg["done"], ran, strict=True):
+                hooks.finished(held.get(task_id), status, code, run_s)
         ended = [task_id for task_id, _ in msg["done"]] + msg["lost"] + msg["released"]
         for task_id in ended:
             self.time_limits.finished(slot, task_id)
@@ -205,14 +239,19 @@ class Dispatcher:
         if held:
             how = slot.crash_reason or "the worker process running this task died"
             who = f"{slot.kind} child {slot.index} (pid {slot.pid})"
-            self.recording.start(self._record_crash(who, held, slot.killed_for, how))
+            self.recording.start(self._record_crash(who, held, slot.killed_for, how, slot.killed_as))
         if not self.stopping:
             self.supervisor.spawn(slot.index)
         elif not self.supervisor.alive():
             self.no_children.set()
 
     async def _record_crash(
-        self, who: str, held: list[TaskPayload], killed_for: dict[str, TaskError], how: str
+        self,
+        who: str,
+        held: list[TaskPayload],
+        killed_for: dict[str, TaskError],
+        how: str,
+        killed_as: str | None = None,
     ) -> None:
         """Every task a dead child held, in one statement: started ones failed or retried, others released.
 
@@ -227,8 +266,13 @@ class Dispatcher:
             # (here or elsewhere) recovers the tasks by their heartbeats instead.
             verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             verdicts = {task.id: verdict for task in held}
+        if hooks.enabled() or self.traced:
+            for task, rule in recovery_rules(held, verdicts, killed_for, killed_as):
+                hooks.recovered(rule)
+                if self.traced:
+                    tracing.recovered(task, rule, verdicts[task.id])
         for task in held:
-            self.holdings.forget(task.id)
+            self.holdings.forget(task.id, task.attempt)
             log.debug(
                 "task %s (%s) attempt %d: %s",
                 task.id,

@@ -9,7 +9,7 @@ import traceback
 import typing
 from typing import Any
 
-from tether import codec, outcomes
+from tether import codec, outcomes, tracing
 from tether.app import Tether
 from tether.broker.claims import TaskPayload
 from tether.current import cancel_requested_for
@@ -35,11 +35,17 @@ class Executor:
 
     def __init__(self, app: Tether) -> None:
         self.app = app
+        self.traced = app.config.tracing  # each run in a CONSUMER span (tether.tracing)
         self._plans: dict[str, dict[str, Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, payload: TaskPayload) -> Outcome:
         """Run the task's code here, one task at a time (a sync child)."""
+        if self.traced:
+            return tracing.process(payload, lambda: self._run(payload))
+        return self._run(payload)
+
+    def _run(self, payload: TaskPayload) -> Outcome:
         prepared = self.prepare(payload)
         if isinstance(prepared, Outcome):
             return prepared
@@ -55,6 +61,12 @@ class Executor:
         return self.outcome_of(payload, value)
 
     async def run_async(self, payload: TaskPayload) -> Outcome:
+        """_run_async (below), in a CONSUMER span when tracing is on."""
+        if self.traced:
+            return await tracing.process_async(payload, lambda: self._run_async(payload))
+        return await self._run_async(payload)
+
+    async def _run_async(self, payload: TaskPayload) -> Outcome:
         """Run the task's code in this event loop, among others (an async child).
 
         An async task's time limit cancels its coroutine here; the worker's main process

@@ -23,6 +23,7 @@ from tether.broker import heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import AsyncDedicatedConnection
+from tether.metrics import hooks
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
 
@@ -111,14 +112,19 @@ class Heartbeat(Service):
         # Opening a connection (after a failed beat) is not part of the beat's time limit:
         # over a slow link the handshake alone takes two round trips, and a limit that
         # counted it would fail every beat from then on. connect_timeout bounds it.
-        conn = await self.connection.get()
-        sent = time.monotonic()
-        answer = await asyncio.wait_for(
-            heartbeats.write_heartbeats(
-                conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
-            ),
-            self.every,
-        )
+        try:
+            conn = await self.connection.get()  # a beat that cannot connect failed too
+            sent = time.monotonic()
+            answer = await asyncio.wait_for(
+                heartbeats.write_heartbeats(
+                    conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
+                ),
+                self.every,
+            )
+        except Exception:
+            hooks.heartbeat(None)
+            raise
+        hooks.heartbeat(time.monotonic() - sent)
         # The database stamped this beat after it was sent: silence counted from the sending,
         # not from the answer, keeps the isolation watch ahead of every reaper however long
         # the answer took to come back.

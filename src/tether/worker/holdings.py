@@ -285,9 +285,17 @@ class Holdings:
             child.running.discard(task_id)
             self._drop(task_id)
 
-    def forget(self, task_id: str) -> None:
-        """The task's fate is recorded (or it was given back): not held any more."""
-        self._drop(task_id)
+    def forget(self, task_id: str, attempt: int | None = None) -> None:
+        """The task's fate is recorded (or it was given back): not held any more.
+
+        ``attempt``: only that attempt. A task given back (released to PENDING) in a thread
+        can be claimed again by this worker before the event loop gets here: that newer
+        claim stays held, or it would run unaccounted for (no DONE to match, a wrong count
+        of held tasks).
+        """
+        held = self._held.get(task_id)
+        if held is not None and (attempt is None or held.attempt == attempt):
+            self._drop(task_id)
 
     # -- isolation ------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Callable
 
+from tether.metrics import hooks, rules
 from tether.worker.backoff import Backoff
 from tether.worker.holdings import Holdings
 from tether.worker.services import Service
@@ -50,14 +51,16 @@ class Isolation:
     def isolate(self, silent_s: float) -> None:
         """No heartbeat got through for ``silent_s``: freeze the children, drop unhanded claims."""
         self.isolated = True
-        frozen = 0
+        frozen = stopped = 0
         for slot in self.supervisor.alive():
-            if self.holdings.of_child(slot.index) and slot.pid is not None:
+            if (held := self.holdings.of_child(slot.index)) and slot.pid is not None:
                 with contextlib.suppress(ProcessLookupError):  # it died meanwhile: the supervisor sees it
                     os.kill(slot.pid, signal.SIGSTOP)
                     self.holdings.freeze(slot.index)
                     frozen += 1
+                    stopped += len(held)
         dropped = self.holdings.let_go_unhanded()
+        hooks.recovered(rules.SELF_ISOLATION, stopped + len(dropped))
         log.error(
             "worker %s could not write a heartbeat for %.1fs (running stale threshold %.1fs): "
             "isolating itself: %d child(ren) frozen, %d claimed task(s) dropped, claiming nothing",

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from tether import __version__, outcomes
 from tether.app import Tether
@@ -37,6 +38,8 @@ from tether.db.connection import listen_url
 from tether.errors import UnknownQueueError
 from tether.log_fields import about_task, set_worker
 from tether.log_setup import LogSetup
+from tether.metrics import hooks as metric_hooks
+from tether.metrics import rules
 from tether.result import ErrorCode, TaskError, TaskStatus
 from tether.worker.cancels import Cancels
 from tether.worker.claim_triggers import ClaimTriggers
@@ -58,6 +61,9 @@ from tether.worker.supervisor import Supervisor
 from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
 from tether.worker.work_listener import WorkListener
+
+if TYPE_CHECKING:
+    from tether.metrics.serve import WorkerEndpoint
 
 log = logging.getLogger("tether.worker")
 
@@ -150,6 +156,7 @@ class Worker:
     async def _start(self, started: StartedWorker, loop: asyncio.AbstractEventLoop) -> None:
         """Every step before the claim loop; returns early once a stop is requested."""
         await started.pool.open()
+        started.serve_metrics()
         if self.stop_requested:
             log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
             return
@@ -168,8 +175,12 @@ class Worker:
         if self.stop_requested:
             return
         # Before claiming anything: recover what dead workers on this host left behind.
-        await asyncio.to_thread(
+        reconciled = await asyncio.to_thread(
             reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+        )
+        metric_hooks.recovered(
+            rules.STARTUP_RECONCILIATION,
+            len(reconciled.requeued) + len(reconciled.retried) + len(reconciled.failed),
         )
         await self._reached("reconciled")
         if self.stop_requested:
@@ -249,6 +260,7 @@ class StartedWorker:
         config = worker.app.config
         me, holdings, triggers = worker.worker_id, worker.holdings, worker.triggers
         self.registered = False  # the registry row may exist: close() marks it stopped
+        self.metrics: WorkerEndpoint | None = None  # the /metrics endpoint, once serve_metrics() ran
         self._claimed_any = False  # the first claim that returned tasks came back
         self.pool = WorkerPool(url, config)
         self.recorder = Recorder(url, me, config, role="recorder")
@@ -271,6 +283,7 @@ class StartedWorker:
             supervisor=self.supervisor,
             on_change=triggers.poke,
             stopping=worker.stopping,
+            traced=config.tracing,
         )
         self.cancels = Cancels(holdings, self.supervisor, worker._cancel_grace_of)
         self.isolation = Isolation(
@@ -335,6 +348,21 @@ class StartedWorker:
     @property
     def tasks_done(self) -> int:
         return self.dispatcher.tasks_done
+
+    def serve_metrics(self) -> None:
+        """Start the metrics endpoint if --metrics-port asks for one (prometheus_client is
+        imported only then)."""
+        if self.worker.config.metrics_port is None:
+            return
+        from tether.metrics.serve import WorkerEndpoint
+
+        self.metrics = WorkerEndpoint(
+            self.worker.app,
+            self.url,
+            self.worker.config,
+            in_flight=lambda: len(self.worker.holdings),
+            children=lambda: len(self.supervisor.alive()),
+        )
 
     async def register(self) -> None:
         self.registered = True  # from here, close() marks the row stopped, even if this insert fails
@@ -456,6 +484,8 @@ class StartedWorker:
         await self.pool.close()
         await asyncio.to_thread(self.recorder.close)
         await asyncio.to_thread(self.maintenance.close)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
 
     # -- what the claim loop hands over -------------------------------------------------
 
@@ -500,7 +530,7 @@ class StartedWorker:
             return
         released = await asyncio.to_thread(self.recorder.release, tasks)
         for task in tasks:
-            self.worker.holdings.forget(task.id)
+            self.worker.holdings.forget(task.id, task.attempt)
         log.info("released %d claimed task(s) back to PENDING", len(released))
 
     # -- operators' requests (the tether_control channel) -------------------------------

@@ -30,10 +30,13 @@ CANCEL_ID_BYTES = 16
 READY = "ready"  # started, app imported, database connected
 STARTED = "started"  # {"id"}: the task is RUNNING (or {"id", "lost": true}: its claim was gone)
 NEXT = "next"  # {"id"}: finished running this task's code; asks for the next before recording
-DONE = "done"  # {"id", "status", "started": next id | None}: outcome recorded (or lost)
+# {"id", "status", "next_id", "next_lost", "code": error code | None, "run_s": seconds the
+#  code ran}: outcome recorded (or lost); code and run_s feed the worker's metrics
+DONE = "done"
 # async child -> main, after each batch write:
 # {"started": [id], "lost": [id] (start found the claim gone), "done": [[id, status]]
-#  (status "LOST": the outcome's fence matched nothing), "released": [id] (given back unstarted)}
+#  (status "LOST": the outcome's fence matched nothing), "released": [id] (given back unstarted),
+#  "ran": [[error code | None, seconds the code ran]], one per entry of "done"}
 BATCH = "batch"
 
 

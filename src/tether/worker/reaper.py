@@ -28,6 +28,7 @@ import uuid
 from tether.broker import reaper_passes, recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
+from tether.metrics import hooks
 from tether.worker.backoff import Backoff
 from tether.worker.retention import Retention
 from tether.worker.services import Service
@@ -81,6 +82,7 @@ class Reaper(Service):
         """One tick (in a thread); the seconds until the next, with jitter: 0 when a step filled its batch."""
         done, wait = await self.in_thread(self.run_once)
         self.last = done
+        hooks.reaper_pass(done)
         if done is not None and _full(done):
             return 0.0
         return wait + random.uniform(0.0, min(JITTER_MAX_S, wait / 10))

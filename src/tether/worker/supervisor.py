@@ -23,6 +23,7 @@ from tether.broker.claims import TaskPayload
 from tether.config import LogFormat
 from tether.log_fields import about_tasks
 from tether.log_setup import LogSetup
+from tether.metrics import rules
 from tether.result import TaskError
 from tether.worker import protocol
 from tether.worker.async_child import async_child_main
@@ -51,6 +52,9 @@ class ChildSlot:
     # empty: it died by itself.
     killed_for: dict[str, TaskError] = field(default_factory=dict)
     crash_reason: str | None = None
+    # The recovery rule (tether.metrics.rules) of the worker's kill, for the tasks it recorded
+    # as crashed that killed_for does not name; None: it died by itself (dead_child).
+    killed_as: str | None = None
     has_message: Callable[[], bool] = field(init=False)
     # What the main process sends the child: a message can outgrow the pipe's buffer while
     # the child is busy (big arguments), so it is never written blocking (pipe_writer.py).
@@ -227,6 +231,7 @@ class Supervisor:
                     slot.crash_reason = (
                         f"its process stopped its heartbeat for {age:.0f}s (hung) and was killed"
                     )
+                slot.killed_as = rules.HUNG_CHILD
                 log.error(
                     "%s child %d (pid %s) running %d task(s) (%s) has not stamped its heartbeat for %.1fs "
                     "(%s): killing it",

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from tether.broker.claims import TaskPayload
 from tether.log_fields import about_task
+from tether.metrics import rules
 from tether.worker.execute import time_limit_error
 from tether.worker.supervisor import ChildSlot
 
@@ -84,6 +85,7 @@ class TimeLimits:
         if cancelled_first:
             what_then = f"it did not end within {self.cancel_grace_s:g}s of being cancelled and {what_then}"
         slot.killed_for[task.id] = time_limit_error(task.name, limit, what_then)
+        slot.killed_as = rules.TIME_LIMIT
         log.error(
             "task %s (%s) attempt %d exceeded its time limit of %gs: killing %s child %d (pid %s)",
             task.id,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict
 
-from tether import codec
+from tether import codec, tracing
 from tether.app_view import AppView
 from tether.broker.types import AsyncCallerConn, CallerConn
 from tether.broker.workflows import NewStep, NewWorkflow, StepFeed
@@ -332,11 +332,20 @@ class Workflow:
         """
         workflow_id = new_task_id()
         workflow, steps = self.rows(workflow_id)
-        if connection is None:
-            self.app.broker.run(lambda conn: engine.start(conn, workflow, steps), idempotent_insert=True)
+
+        def write() -> None:
+            if connection is None:
+                self.app.broker.run(lambda conn: engine.start(conn, workflow, steps), idempotent_insert=True)
+            else:
+                lent = check_connection(connection)
+                run_in(
+                    self.app.broker, lent, "start()", lambda conn: engine.write_start(conn, workflow, steps)
+                )
+
+        if self.app.config.tracing:
+            tracing.traced_start(self.name, workflow_id, write)
         else:
-            lent = check_connection(connection)
-            run_in(self.app.broker, lent, "start()", lambda conn: engine.write_start(conn, workflow, steps))
+            write()
         return WorkflowHandle(self.app, workflow_id, self.name)
 
     async def start_async(self, *, connection: CallerConn | AsyncCallerConn | None = None) -> WorkflowHandle:
@@ -346,12 +355,19 @@ class Workflow:
         lent = check_connection(connection)
         workflow_id = new_task_id()
         workflow, steps = self.rows(workflow_id)
-        await run_in_async(
-            self.app.broker,
-            lent,
-            "start_async()",
-            lambda conn: engine.write_start_async(conn, workflow, steps),
-        )
+
+        async def write() -> None:
+            await run_in_async(
+                self.app.broker,
+                lent,
+                "start_async()",
+                lambda conn: engine.write_start_async(conn, workflow, steps),
+            )
+
+        if self.app.config.tracing:
+            await tracing.traced_start_async(self.name, workflow_id, write)
+        else:
+            await write()
         return WorkflowHandle(self.app, workflow_id, self.name)
 
 

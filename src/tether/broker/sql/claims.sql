@@ -135,7 +135,10 @@ SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at 
 FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
 WHERE t.id = picked.id AND picked.taken
 RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
-          t.max_retries, t.retry_policy::text, t.workflow_id, t.priority, t.run_at, picked.advance;
+          t.max_retries, t.retry_policy::text, t.workflow_id, t.priority, t.run_at, picked.advance,
+          t.trace_context,
+          -- the queue wait metric: from due (run_at, not the send: a delay asked for is no lag)
+          extract(epoch FROM now() - t.run_at)::float8 AS waited_s;
 
 -- name: start_task
 UPDATE tether_tasks SET status = 'RUNNING', started_at = now(), updated_at = now()

@@ -45,19 +45,21 @@ WITH stale AS (
     SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
     FROM stale
     WHERE t.id = stale.id AND t.status COLLATE "C" = 'CLAIMED' AND t.attempt = stale.attempt
-    RETURNING t.id, t.name, t.queue, t.run_at, t.attempt, stale.claimed_by_worker_id, stale.silent_s
+    RETURNING t.id, t.name, t.queue, t.run_at, t.attempt, stale.claimed_by_worker_id, stale.silent_s,
+              t.trace_context
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM back GROUP BY queue
 )
-SELECT id, name, queue, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken
+SELECT id, name, queue, attempt, claimed_by_worker_id, silent_s, (SELECT count(*) FROM woken) AS queues_woken,
+       trace_context
 FROM back;
 
 -- name: stale_running
 -- RUNNING with no runner heartbeat (from its owner) within the threshold. Locked
 -- here; the caller decides retry or failure per task and writes it fenced.
 SELECT t.id, t.name, t.queue, t.attempt, t.claimed_by_worker_id, t.retry_count, t.retry_policy::text,
-       extract(epoch FROM now() - greatest(t.started_at, hb.last))::float8 AS silent_s
+       extract(epoch FROM now() - greatest(t.started_at, hb.last))::float8 AS silent_s, t.trace_context
 FROM tether_tasks t
 CROSS JOIN LATERAL (
     SELECT max(h.sent_at) AS last FROM tether_heartbeats h

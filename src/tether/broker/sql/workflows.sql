@@ -8,8 +8,8 @@
 -- steps of one workflow advance one transaction at a time, without deadlocks.
 
 -- name: insert_workflow
-INSERT INTO tether_workflows (id, name, on_error, output_node, steps_total)
-VALUES (%(id)s, %(name)s, %(on_error)s, %(output_node)s, %(steps_total)s);
+INSERT INTO tether_workflows (id, name, on_error, output_node, steps_total, trace_context)
+VALUES (%(id)s, %(name)s, %(on_error)s, %(output_node)s, %(steps_total)s, %(trace_context)s);
 
 -- name: insert_workflow_steps
 -- All steps in one statement, from one JSON array of step objects.
@@ -185,7 +185,8 @@ WITH ready AS (
     RETURNING k.task_name, k.unique_key, k.task_id
 ), ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries, retry_policy,
-                              workflow_id, unique_key, status, error_code, result, failed_at)
+                              workflow_id, unique_key, status, error_code, result, failed_at,
+                              trace_context)
     SELECT r.task_id, r.task_name, r.queue, r.priority, r.args, r.kwargs, r.max_retries,
            r.retry_policy, r.workflow_id, r.unique_key,
            CASE WHEN h.holder IS NULL THEN 'PENDING' ELSE 'FAILED' END,
@@ -195,7 +196,9 @@ WITH ready AS (
                'message', 'unique key ' || r.unique_key || ' of task ' || r.task_name
                           || ' is held by task ' || h.holder,
                'data', jsonb_build_object('task_id', h.holder::text))) END,
-           CASE WHEN h.holder IS NOT NULL THEN now() END
+           CASE WHEN h.holder IS NOT NULL THEN now() END,
+           -- a step runs in its workflow's trace (docs/monitoring.md#tracing)
+           (SELECT w.trace_context FROM tether_workflows w WHERE w.id = r.workflow_id)
     FROM ready r
     LEFT JOIN LATERAL (
         SELECT k.task_id AS holder FROM key k

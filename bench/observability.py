@@ -1,0 +1,249 @@
+"""``observability``: what metrics and tracing cost a worker's no-op throughput, and a scrape.
+
+    .venv/bin/python -m bench.observability [--tasks 10000] [--rounds 3]
+
+For the sync executor (``bench.apps``, ``noop``, 2 processes) and the async one
+(``bench.async_apps``, ``anoop``, 1 async child), in interleaved rounds (off, on, off, on,
+... so the machine's drift hits both alike): ``--tasks`` no-op tasks sent with one
+``send_many``, then one worker started to drain them; the figure is tasks per second
+between the first ``started_at`` and the last ``completed_at`` (database time), as the
+``throughput`` scenario measures it.
+
+- off: tether's defaults (no --metrics-port, tracing off);
+- metrics: ``--metrics-port`` with this run scraping it every second (each scrape also reads
+  the queues' state from the database);
+- tracing: ``TETHER_TRACING=1`` with the OpenTelemetry SDK installed in every process of the
+  worker and a batch processor whose exporter drops the spans (bench/otel_sdk.py), and the
+  tasks sent traced by a producer with the SDK (so each run extracts and links its send's
+  context), every trace sampled;
+- on: both; sampled: both, with 1 % of traces sampled (ParentBased(TraceIdRatioBased)).
+
+Beside the throughput, the worker's CPU time per task (its processes' user + system time over
+the run, after a warm-up): on a shared machine the throughput moves with others' load, the
+CPU time much less.
+
+Then, with ``--history N`` terminal rows (default 1,000,000) filled by SQL, the median time
+of a scrape of the dashboard's /metrics (``DashboardMetrics.exposition``, what a scrape
+runs), after a few untimed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from bench import otel_sdk
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, wait_all_terminal
+from tether import AppConfig, PostgresConfig, Tether
+from tether.db.migrate import migrate
+
+PORT = 19150
+KINDS = {
+    "sync": ("bench.apps:app", "noop", ("--processes", "2", "--async-processes", "0")),
+    "async": ("bench.async_apps:app", "anoop", ("--processes", "0", "--async-processes", "1")),
+}
+
+FILL_HISTORY = """
+INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, status, run_at, enqueued_at,
+                          sent_at, updated_at, completed_at, attempt, result)
+SELECT gen_random_uuid(), 'noop', 'default', 0, '[]'::jsonb, '{}'::jsonb, 'COMPLETED',
+       now() - interval '1 day', now() - interval '1 day', now() - interval '1 day', now(), now(), 1,
+       '{"ok": null}'::jsonb
+FROM generate_series(1, %(n)s)
+"""
+
+
+def producer(url: str, kind: str, traced: bool) -> Tether:
+    from bench import apps, async_apps
+
+    app = Tether(AppConfig(broker=PostgresConfig(database_url=url), tracing=traced))
+    return apps._register(app) if kind == "sync" else async_apps._register(app)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its children."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def settled(pid: int, children: int) -> None:
+    """Until the worker has its ``children`` and their start-up (imports) is over: CPU flat for 0.5 s."""
+    deadline = time.monotonic() + 60
+    last = -1.0
+    while time.monotonic() < deadline:
+        kids = [c for c in psutil.Process(pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        now = tree_cpu(pid)
+        if len(kids) >= children and now - last < 0.02:
+            return
+        last = now
+        time.sleep(0.5)
+    raise TimeoutError("worker did not settle")
+
+
+def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
+    """``mode``: off, metrics, tracing, on (both), or sampled (both, 1 % of traces sampled).
+    Returns (tasks/s by database time, worker CPU microseconds per task): the second is what the
+    machine's other load moves least."""
+    app_path, task_name, args = KINDS[kind]
+    traced = mode in ("tracing", "on", "sampled")
+    metered = mode in ("metrics", "on", "sampled")
+    ratio = 0.01 if mode == "sampled" else 1.0
+    otel_sdk.set_ratio(ratio)  # the producer's sampler: a run follows its send's decision
+    db.reset_tasks()
+    env = (
+        {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1", "TETHER_BENCH_OTEL_RATIO": str(ratio)}
+        if traced
+        else {}
+    )
+    extra = (*args, "--metrics-port", str(PORT)) if metered else args
+    worker = bench_worker(
+        db,
+        logs / f"{kind}-{mode}-{time.monotonic_ns()}.log",
+        processes=None,  # type: ignore[arg-type]
+        extra_args=extra,
+        env=env,
+        app_path=app_path,
+    )
+    worker.log_level = "INFO"
+    scrapes: list[float] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            began = time.perf_counter()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as r:
+                    r.read()
+                scrapes.append(time.perf_counter() - began)
+            except OSError:
+                pass  # not listening yet
+
+    app = producer(db.url, kind, traced)
+    task = app.tasks[task_name]
+    worker.start()
+    try:
+        worker.wait_registered()
+        settled(worker.pid, 2 if kind == "sync" else 1)
+        task.send_many([()] * 200)  # warm-up: connections, prepared statements, first spans
+        wait_all_terminal(db, worker, timeout=120, interval=0.05)
+        ((warm_end,),) = db.query("SELECT max(completed_at) FROM tether_tasks")
+        if metered:
+            threading.Thread(target=scrape, daemon=True).start()
+        cpu0 = tree_cpu(worker.pid)
+        task.send_many([()] * n)
+        wait_all_terminal(db, worker, timeout=900, interval=0.1)
+        cpu = tree_cpu(worker.pid) - cpu0
+    finally:
+        stop.set()
+        app.close()
+        worker.stop()
+    ((done, span),) = db.query(
+        "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
+        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks WHERE started_at > %s",
+        (warm_end,),
+    )
+    if done != n:
+        raise RuntimeError(f"{done} of {n} completed after the warm-up")
+    return n / float(span), 1e6 * cpu / n
+
+
+def scrape_time(db: BenchDatabase, history: int) -> tuple[float, float]:
+    from tether.broker import PostgresBroker
+    from tether.web.metrics import DashboardMetrics
+
+    db.reset_tasks()
+    with db.connect() as conn:
+        conn.execute(FILL_HISTORY, {"n": history})
+        conn.execute("VACUUM (ANALYZE) tether_tasks")
+    broker = PostgresBroker(PostgresConfig(database_url=db.url))
+    try:
+        metrics = DashboardMetrics(broker)
+        times = []
+        for i in range(13):
+            time.sleep(1.05)  # past the collector's one-second reuse: each scrape reads afresh
+            began = time.perf_counter()
+            metrics.exposition(None)
+            if i >= 3:
+                times.append(time.perf_counter() - began)
+        return statistics.median(times), max(times)
+    finally:
+        broker.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.observability")
+    p.add_argument("--database-url", default=os.environ.get("TETHER_BENCH_DATABASE_URL", DEFAULT_SERVER_URL))
+    p.add_argument("--tasks", type=int, default=10_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--history", type=int, default=1_000_000)
+    p.add_argument("--only", choices=["throughput", "scrape"], default=None)
+    p.add_argument(
+        "--modes", default="off,on", help="comma-separated, off first: off, metrics, tracing, on (both)"
+    )
+    a = p.parse_args(argv)
+    db = BenchDatabase(a.database_url)
+    db.create()
+    try:
+        with db.connect() as conn:
+            migrate(conn)
+        print(f"load before: {os.getloadavg()}")
+        otel_sdk.install(1.0)  # the producer's SDK: traced sends store a sampled context
+        if a.only in (None, "throughput"):
+            with tempfile.TemporaryDirectory() as tmp:
+                modes = a.modes.split(",")
+                results: dict[tuple[str, str], list[float]] = {}
+                cpus: dict[tuple[str, str], list[float]] = {}
+                for r in range(a.rounds):
+                    for kind in KINDS:
+                        for mode in modes if r % 2 == 0 else modes[::-1]:
+                            rate, cpu = one_run(db, kind, mode, a.tasks, Path(tmp))
+                            results.setdefault((kind, mode), []).append(rate)
+                            cpus.setdefault((kind, mode), []).append(cpu)
+                            print(
+                                f"round {r + 1} {kind:5} {mode:8}: {rate:8,.0f} tasks/s, "
+                                f"worker CPU {cpu:6.0f} us/task (load {os.getloadavg()[0]:.1f})",
+                                flush=True,
+                            )
+                for kind in KINDS:
+                    off = results[(kind, "off")]
+                    for mode in modes[1:]:
+                        these = results[(kind, mode)]
+                        ratios = [b / a_ for a_, b in zip(off, these, strict=True)]
+                        cpu_on = statistics.median(cpus[(kind, mode)])
+                        cpu_off = statistics.median(cpus[(kind, "off")])
+                        print(
+                            f"{kind}: {mode} / off per round "
+                            + ", ".join(f"{x:.3f}" for x in ratios)
+                            + f" (median {statistics.median(ratios):.3f}); medians "
+                            f"{statistics.median(these):,.0f}/s vs {statistics.median(off):,.0f}/s; "
+                            f"worker CPU per task median {cpu_on:.0f} us vs {cpu_off:.0f} us "
+                            f"({cpu_on / cpu_off:.3f})"
+                        )
+        if a.only in (None, "scrape"):
+            median, worst = scrape_time(db, a.history)
+            print(
+                f"scrape of /metrics with {a.history:,} terminal rows: median {1000 * median:.1f} ms, "
+                f"max {1000 * worst:.1f} ms"
+            )
+        print(f"load after: {os.getloadavg()}")
+    finally:
+        db.drop()
+
+
+if __name__ == "__main__":
+    main()

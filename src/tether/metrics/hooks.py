@@ -1,0 +1,75 @@
+"""The calls the worker's main process makes where something worth counting happens.
+
+Each is a no-op (one test of a module global) until ``install`` gives a sink: a worker
+started without --metrics-port pays nothing else, and imports no prometheus_client. The
+children never call these: what they did reaches the main process over their pipe
+(protocol.DONE, protocol.BATCH), and the main process counts it here, so one registry in
+one process holds the whole worker's counts (docs/monitoring.md#children).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tether.broker.claims import TaskPayload
+    from tether.broker.recovery import Recovered
+
+
+class Sink(Protocol):
+    def finished(self, task: TaskPayload, status: str, code: str | None, run_s: float | None) -> None: ...
+    def claimed(self, tasks: list[TaskPayload], seconds: float) -> None: ...
+    def claim_failed(self) -> None: ...
+    def heartbeat(self, seconds: float | None) -> None: ...
+    def recovered(self, rule: str, n: int) -> None: ...
+    def reaper_pass(self, done: Recovered) -> None: ...
+
+
+_sink: Sink | None = None
+
+
+def install(sink: Sink | None) -> None:
+    global _sink
+    _sink = sink
+
+
+def enabled() -> bool:
+    return _sink is not None
+
+
+def finished(
+    task: TaskPayload | None, status: str, code: str | None = None, run_s: float | None = None
+) -> None:
+    """A child recorded ``task``'s outcome: ``status`` the row settled in (PENDING: a retry; LOST:
+    its fence matched nothing), ``code`` its error code, ``run_s`` the seconds its code ran."""
+    if _sink is not None and task is not None:
+        _sink.finished(task, status, code, run_s)
+
+
+def claimed(tasks: list[TaskPayload], seconds: float) -> None:
+    """A claim statement returned ``tasks`` (perhaps none) after ``seconds``."""
+    if _sink is not None:
+        _sink.claimed(tasks, seconds)
+
+
+def claim_failed() -> None:
+    if _sink is not None:
+        _sink.claim_failed()
+
+
+def heartbeat(seconds: float | None) -> None:
+    """A heartbeat write took ``seconds`` (None: it failed)."""
+    if _sink is not None:
+        _sink.heartbeat(seconds)
+
+
+def recovered(rule: str, n: int = 1) -> None:
+    """``n`` tasks were recovered by ``rule`` (one of tether.metrics.rules.RULES)."""
+    if _sink is not None and n:
+        _sink.recovered(rule, n)
+
+
+def reaper_pass(done: Recovered | None) -> None:
+    """What a reaper pass of this worker did (None: it was not this worker's to do)."""
+    if _sink is not None and done is not None:
+        _sink.reaper_pass(done)

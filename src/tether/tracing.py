@@ -1,0 +1,320 @@
+"""OpenTelemetry tracing of sends and runs (docs/monitoring.md#tracing), when enabled.
+
+``AppConfig.tracing`` (TETHER_TRACING) turns it on; it needs the ``tether[otel]`` extra (the
+OpenTelemetry API; the application configures the SDK and its exporter). Off, nothing here
+imports OpenTelemetry and a send or a run pays one test of a bool (and a send one read of a
+context variable).
+
+- A send opens a PRODUCER span (``send <queue>``) around its insert and stores its W3C
+  trace context (traceparent, and tracestate after a newline) in the task's row
+  (tether_tasks.trace_context, migration 0014). The insert statements read it from the
+  context variable set here (``outgoing()``), so no send path passes it along.
+- Each run of the task's code in a child is a CONSUMER span (``process <queue>``) parented
+  on that context and linked to it, as the messaging semantic conventions allow for a
+  single message: every attempt of a task, a retry after a crash included, is in the trace
+  of the request that sent it.
+- A recovery decided outside the child (a dead, hung or killed child) is a short span
+  (``recover <queue>``) in the task's trace with a ``tether.recovery`` event: the crashed
+  attempt's own span ended with its process and was never exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, SpanContext, Tracer
+
+    from tether.broker.claims import TaskPayload
+    from tether.outcomes import Outcome
+
+T = TypeVar("T")
+
+SYSTEM = "tether"
+# The trace context of the send being written, read by the insert statements' parameters.
+_outgoing: ContextVar[str | None] = ContextVar("tether_outgoing_trace_context", default=None)
+_tracer: Tracer | None = None
+
+
+def outgoing() -> str | None:
+    """The trace context to store with the tasks being inserted now (None: not traced)."""
+    return _outgoing.get()
+
+
+def _otel_tracer() -> Tracer:
+    global _tracer
+    if _tracer is None:
+        from importlib.metadata import version
+
+        from opentelemetry import trace
+
+        _tracer = trace.get_tracer("tether", version("tether"))
+    return _tracer
+
+
+def _carrier_of_current() -> str | None:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    parent = carrier.get("traceparent")
+    if parent is None:
+        return None
+    state = carrier.get("tracestate")
+    return parent if not state else f"{parent}\n{state}"
+
+
+def context_of(stored: str | None) -> Context | None:
+    """The OpenTelemetry context a task was sent in, from its row's trace_context."""
+    if not stored:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    parent, _, state = stored.partition("\n")
+    carrier = {"traceparent": parent}
+    if state:
+        carrier["tracestate"] = state
+    return TraceContextTextMapPropagator().extract(carrier)
+
+
+def traced_send(plan: Any, write: Callable[[], T]) -> T:
+    """``write()`` (a send's insert) inside a PRODUCER span whose context goes into the rows."""
+    from opentelemetry.trace import SpanKind
+
+    spec, attributes = _send_attributes(plan)
+    with _otel_tracer().start_as_current_span(
+        f"send {spec.queue}", kind=SpanKind.PRODUCER, attributes=attributes
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return write()
+        finally:
+            _outgoing.reset(token)
+
+
+def _send_attributes(plan: Any) -> tuple[Any, dict[str, Any]]:
+    """A send plan's (tether.sending) spec, and its span's attributes."""
+    spec = getattr(plan, "spec", None) or plan.send.spec
+    ids = getattr(plan, "ids", None)
+    one = getattr(plan, "task_id", None) or getattr(getattr(plan, "send", None), "task_id", None)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": spec.queue,
+        "tether.task.name": spec.name,
+    }
+    if one is not None:
+        attributes["messaging.message.id"] = str(one)
+    elif ids is not None:
+        attributes["messaging.batch.message_count"] = len(ids)
+    return spec, attributes
+
+
+async def traced_send_async(plan: Any, write: Callable[[], Awaitable[T]]) -> T:
+    """traced_send() of a send on the caller's async connection."""
+    from opentelemetry.trace import SpanKind
+
+    spec, attributes = _send_attributes(plan)
+    with _otel_tracer().start_as_current_span(
+        f"send {spec.queue}", kind=SpanKind.PRODUCER, attributes=attributes
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return await write()
+        finally:
+            _outgoing.reset(token)
+
+
+def _start_attributes(name: str, workflow_id: Any) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "start",
+        "tether.workflow.name": name,
+        "tether.workflow.id": str(workflow_id),
+    }
+
+
+def traced_start(name: str, workflow_id: Any, write: Callable[[], T]) -> T:
+    """A workflow's start in a PRODUCER span: its steps' tasks are sent in that span's trace."""
+    from opentelemetry.trace import SpanKind
+
+    with _otel_tracer().start_as_current_span(
+        f"start workflow {name}", kind=SpanKind.PRODUCER, attributes=_start_attributes(name, workflow_id)
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return write()
+        finally:
+            _outgoing.reset(token)
+
+
+async def traced_start_async(name: str, workflow_id: Any, write: Callable[[], Awaitable[T]]) -> T:
+    """traced_start() on the caller's async connection."""
+    from opentelemetry.trace import SpanKind
+
+    with _otel_tracer().start_as_current_span(
+        f"start workflow {name}", kind=SpanKind.PRODUCER, attributes=_start_attributes(name, workflow_id)
+    ):
+        token = _outgoing.set(_carrier_of_current())
+        try:
+            return await write()
+        finally:
+            _outgoing.reset(token)
+
+
+class _Run:
+    """What the consumer path uses of OpenTelemetry, looked up once: a run pays for its span,
+    not for imports and attribute lookups (about 45 us a run before, measured with the SDK)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import (
+            Link,
+            NonRecordingSpan,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            TraceState,
+        )
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.tracer = _otel_tracer()
+        self.attach, self.detach = context.attach, context.detach
+        self.in_context = trace.set_span_in_context
+        self.span_of = trace.get_current_span
+        self.link, self.consumer = Link, SpanKind.CONSUMER
+        self.status, self.error_code = Status, StatusCode.ERROR
+        self.propagator = TraceContextTextMapPropagator()
+        self.non_recording = NonRecordingSpan
+        self._span_context, self._flags, self._state = SpanContext, TraceFlags, TraceState
+
+    def remote(self, stored: str) -> SpanContext | None:
+        """The send's span context from the stored traceparent ("00-<32 hex>-<16 hex>-<2 hex>",
+        tracestate after a newline), parsed here: the propagator's regular expressions and
+        carrier round trip cost a run more than the rest of its span."""
+        parent, _, state = stored.partition("\n")
+        parts = parent.split("-")
+        try:
+            trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+        except (IndexError, ValueError):
+            return None
+        if len(parts) != 4 or not trace_id or not span_id:
+            return None
+        return self._span_context(
+            trace_id,
+            span_id,
+            is_remote=True,
+            trace_flags=self._flags(flags),
+            trace_state=self._state.from_header([state]) if state else None,
+        )
+
+
+_run: _Run | None = None
+
+
+def _start_consumer(payload: TaskPayload) -> tuple[Span, object]:
+    """The run's CONSUMER span, made current; returns it and the token to detach."""
+    global _run
+    run = _run or (_run := _Run())
+    sent_in = None
+    links = None
+    stored = payload.trace_context
+    if stored:
+        sent = run.remote(stored)
+        if sent is not None:
+            sent_in = run.in_context(run.non_recording(sent))
+            if not sent.trace_flags.sampled:
+                # Its send was not sampled: the run is not recorded either (what ParentBased,
+                # the SDK's default sampler, decides), without asking the SDK: its sampling
+                # and span objects cost an unsampled run about 10 us of the 14.
+                unrecorded: Span = run.non_recording(sent)
+                return unrecorded, run.attach(sent_in)
+            links = [run.link(sent)]
+    span = run.tracer.start_span(
+        "process " + payload.queue,
+        context=sent_in,
+        kind=run.consumer,
+        links=links,
+        attributes={
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": payload.queue,
+            "messaging.message.id": payload.id,
+            "tether.task.name": payload.name,
+            "tether.task.attempt": payload.attempt,
+        },
+    )
+    return span, run.attach(run.in_context(span))
+
+
+_OUTCOME_OF = {"COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled", "PENDING": "retried"}
+
+
+def _end_consumer(span: Span, token: object, outcome: Outcome) -> None:
+    run = _run
+    assert run is not None
+    run.detach(token)  # type: ignore[arg-type]
+    settles = outcome.settles_as.value
+    span.set_attribute("tether.task.outcome", _OUTCOME_OF.get(settles, settles.lower()))
+    if outcome.error_code:
+        span.set_attribute("error.type", outcome.error_code)
+        if settles != "CANCELLED":
+            span.set_status(run.status(run.error_code, outcome.error_message or outcome.error_code))
+    span.end()
+
+
+def process(payload: TaskPayload, run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` (a sync child's execution of ``payload``) inside its CONSUMER span."""
+    span, token = _start_consumer(payload)
+    try:
+        outcome = run()
+    except BaseException:
+        _run.detach(token)  # type: ignore[union-attr, arg-type]
+        span.end()
+        raise
+    _end_consumer(span, token, outcome)
+    return outcome
+
+
+async def process_async(payload: TaskPayload, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    """process() for an async child: the span is current in this task's context only."""
+    span, token = _start_consumer(payload)
+    try:
+        outcome = await run()
+    except BaseException:  # cancelled: the child is going away, the recovery is recorded elsewhere
+        _run.detach(token)  # type: ignore[union-attr, arg-type]
+        span.end()
+        raise
+    _end_consumer(span, token, outcome)
+    return outcome
+
+
+def recovered(task: TaskPayload, rule: str, settled: str) -> None:
+    """A recovery decided outside the task's process, as a span with an event in its trace."""
+    from opentelemetry.trace import SpanKind
+
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "settle",
+        "messaging.operation.name": "recover",
+        "messaging.destination.name": task.queue,
+        "messaging.message.id": task.id,
+        "tether.task.name": task.name,
+        "tether.task.attempt": task.attempt,
+        "tether.recovery.rule": rule,
+    }
+    span = _otel_tracer().start_span(
+        f"recover {task.queue}",
+        context=context_of(task.trace_context),
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+    )
+    span.add_event("tether.recovery", {"tether.recovery.rule": rule, "tether.task.outcome": settled})
+    span.end()
