@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -17,10 +18,12 @@ from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.apps.support import attempt_rows, load_app_module, task_row
 from tests.conftest import WorkerProcess, wait_until
@@ -188,3 +191,38 @@ def private_server() -> Iterator[EmbeddedServer]:
     finally:
         server.stop()  # by its postmaster's pid
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- a worker cut off from the database by its own login role (test_network_loss.py, metrics) --
+
+
+def url_as(url: str, role: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}@{host}"))
+
+
+@pytest.fixture
+def worker_role(db: Any, database_url: str) -> Iterator[tuple[str, str]]:
+    """A login role of its own for the worker to be cut off (NOLOGIN and its sessions ended):
+    (role, its database URL)."""
+    role = f"tether_chaos_{os.getpid()}_{secrets.token_hex(3)}"
+    db.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(role)))
+    try:
+        yield role, url_as(database_url, role)
+    finally:
+        db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        terminate(db, role)
+        wait_until(
+            lambda: not db.execute("SELECT 1 FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone(),
+            timeout=10,
+            message=f"role {role}'s connections to go",
+        )
+        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def terminate(db: Any, role: str) -> int:
+    rows = db.execute(
+        "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity WHERE usename = %s", (role,)
+    ).fetchall()
+    return sum(1 for r in rows if r["ok"])

@@ -6,9 +6,6 @@ and compares its counters with the task and attempt rows the recovery wrote.
 
 from __future__ import annotations
 
-import os
-import secrets
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -16,30 +13,21 @@ import pytest
 from psycopg import sql
 
 from tests.apps.support import attempt_rows, ensure_ledger, load_app_module, task_row
-from tests.chaos.conftest import APP, FAST, check_history, last_heartbeat, runs, token, wait_all, wait_status
-from tests.chaos.test_network_loss import terminate, url_as
+from tests.chaos.conftest import (
+    APP,
+    FAST,
+    check_history,
+    last_heartbeat,
+    runs,
+    terminate,
+    token,
+    wait_all,
+    wait_status,
+)
 from tests.conftest import WorkerFactory, wait_until
 from tests.metrics_scrape import Samples, scrape, value
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "EXPIRED"}
-
-
-@pytest.fixture
-def worker_role(db: Any, database_url: str) -> Iterator[tuple[str, str]]:
-    """A login role of its own for the worker to be cut off (as test_network_loss.py's)."""
-    role = f"tether_metrics_{os.getpid()}_{secrets.token_hex(3)}"
-    db.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(role)))
-    try:
-        yield role, url_as(database_url, role)
-    finally:
-        db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
-        terminate(db, role)
-        wait_until(
-            lambda: not db.execute("SELECT 1 FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone(),
-            timeout=10,
-            message=f"role {role}'s connections to go",
-        )
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def recoveries(samples: Samples) -> dict[str, float]:

@@ -11,14 +11,10 @@ stop claiming. When the database comes back it writes nothing over the recovery 
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 import pytest
@@ -35,6 +31,7 @@ from tests.chaos.conftest import (
     db_now,
     run_pids,
     runs,
+    terminate,
     token,
     wait_all,
     worker_row,
@@ -44,37 +41,6 @@ from tests.conftest import WorkerFactory, wait_until
 # The worker must give up its running tasks once its heartbeat has failed for the running
 # threshold: it checks at each heartbeat tick, so threshold + one interval, plus slack.
 FENCED_WITHIN = timedelta(seconds=RUNNING_STALE_S + HEARTBEAT_S + 0.5)
-
-
-def url_as(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{quote(role, safe='')}@{host}"))
-
-
-@pytest.fixture
-def worker_role(db: Any, database_url: str) -> Iterator[tuple[str, str]]:
-    """A login role of its own for the worker to be cut off: (role, its database URL)."""
-    role = f"tether_chaos_{os.getpid()}_{secrets.token_hex(3)}"
-    db.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(role)))
-    try:
-        yield role, url_as(database_url, role)
-    finally:
-        db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
-        terminate(db, role)
-        wait_until(
-            lambda: not db.execute("SELECT 1 FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone(),
-            timeout=10,
-            message=f"role {role}'s connections to go",
-        )
-        db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-
-
-def terminate(db: Any, role: str) -> int:
-    rows = db.execute(
-        "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity WHERE usename = %s", (role,)
-    ).fetchall()
-    return sum(1 for r in rows if r["ok"])
 
 
 @pytest.mark.timing
