@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tether.limits import QueueLimits
 from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
 
@@ -476,6 +477,9 @@ class AppConfig(BaseSettings):
     # How often TaskHandle.get re-reads the row when no notification arrives.
     result_poll_interval_ms: Int = Field(default=500, ge=10, le=60_000)
     auto_migrate: bool = True  # apply pending schema migrations on first connection
+    # Flow control per queue (docs/limits.md): each worker writes these to the database at
+    # start; the limited claim reads them there, so every worker claims under the same ones.
+    queue_limits: dict[str, QueueLimits] = Field(default_factory=dict)
 
     @field_validator("queues")
     @classmethod
@@ -488,6 +492,12 @@ class AppConfig(BaseSettings):
             raise ValueError(
                 f"default_queue {self.default_queue!r} must be one of queues "
                 f"{self.queues}: set default_queue (TETHER_DEFAULT_QUEUE) to one"
+            )
+        undeclared = [q for q in self.queue_limits if q not in self.queues]
+        if undeclared:
+            raise ValueError(
+                f"queue_limits names queue(s) {undeclared} that are not declared; "
+                f"declared queues: {self.queues}"
             )
         unknown = [q for q in self.worker.queues or () if q not in self.queues]
         if unknown:

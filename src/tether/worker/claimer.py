@@ -22,6 +22,7 @@ from tether.worker.backoff import Backoff, Outage
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
+from tether.worker.limited_claimer import LimitedClaimer
 from tether.worker.notify_registration import NotifyRegistration
 
 log = logging.getLogger("tether.worker.claimer")
@@ -46,6 +47,7 @@ class Claimer:
         accept: Callable[[list[TaskPayload]], Awaitable[None]],
         may_claim: Callable[[], bool],
         stopping: asyncio.Event,
+        limited: LimitedClaimer | None = None,
     ) -> None:
         self.pool = pool
         self.worker_id = worker_id
@@ -65,6 +67,9 @@ class Claimer:
         self.may_claim = may_claim  # False while the worker isolates itself
         self.stopping = stopping  # set: no more claims, the loop returns at its next turn (poke it)
         self._skip_names: dict[str, float] = {}
+        # Flow-controlled queues (docs/limits.md) take their own claim; None: the worker
+        # claims every queue with the plain one.
+        self.limited = limited
 
     def skip_name(self, name: str) -> None:
         """Another live worker runs ``name`` and this one cannot (a rolling deploy): leave it to them."""
@@ -118,22 +123,36 @@ class Claimer:
         self._blind = (self.lanes.both and other == 0, self.lanes.both and in_async == 0)
         told = self.triggers.before_claim()
         skip = self._names_to_skip()
-        claimed = await self.pool.run(
-            "claiming",
-            lambda c: claims.claim_tasks(
-                c,
-                worker_id=self.worker_id,
-                queues=self.queues,
-                limit=other,
-                skip_names=skip,
-                async_names=self.async_names,
-                async_limit=in_async,
-            ),
-        )
+        queues = self.queues
+        if self.limited is not None:
+            await self.limited.refresh()
+            queues = self.limited.plain_queues()
+        claimed: list[TaskPayload] = []
+        if queues:
+            claimed = await self.pool.run(
+                "claiming",
+                lambda c: claims.claim_tasks(
+                    c,
+                    worker_id=self.worker_id,
+                    queues=queues,
+                    limit=other,
+                    skip_names=skip,
+                    async_names=self.async_names,
+                    async_limit=in_async,
+                ),
+            )
         # The claim took all the room it had when some kind filled its room: there may be
         # more work (with both kinds of child, the rows scanned beyond one kind's room are
         # left to a later claim). Triggers and registration count it as a full claim.
         took = limit if self._took_all(claimed, other, in_async) else len(claimed)
+        if self.limited is not None and self.limited.limited and took < limit:
+            # The limited queues get the room the plain claim left (the claim dispatch).
+            in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
+            more = await self.limited.claim(
+                other - (len(claimed) - in_async_claimed), in_async - in_async_claimed, skip
+            )
+            claimed += more.tasks
+            took = limit if more.maybe_more or self._took_all(claimed, other, in_async) else len(claimed)
         self.triggers.after_claim(took, limit, told)
         await self.accept(claimed)
         if await self.registration.after_claim(took, limit):

@@ -45,6 +45,7 @@ from tether.worker.holdings import Holdings
 from tether.worker.identity import Identity, current_identity
 from tether.worker.isolation import Isolation, IsolationWatch
 from tether.worker.lanes import plan_lanes
+from tether.worker.limited_claimer import LimitedClaimer
 from tether.worker.notify_registration import NotifyRegistration
 from tether.worker.reaper import Reaper
 from tether.worker.reconcile import reconcile_host
@@ -296,6 +297,15 @@ class StartedWorker:
             accept=self._accept,
             may_claim=lambda: not self.isolation.isolated,
             stopping=worker.stopping,
+            limited=LimitedClaimer(
+                pool=self.pool,
+                worker_id=me,
+                queues=worker.queues,
+                declared=config.queue_limits,
+                async_names=sorted(name for name, task in worker.app.tasks.items() if task.is_async)
+                if worker.lanes.both
+                else [],
+            ),
         )
         every = interval_s(config.recovery)
         heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every)

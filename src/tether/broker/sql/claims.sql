@@ -28,6 +28,9 @@ WITH scanned AS (
     -- from: read here, in every claim, so a pause holds from its commit on for every
     -- worker, notified or not. The anti-join drops the queue before its scan runs.
     WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
+      -- A flow-controlled queue (docs/limits.md) is claimed only by limited_claims.sql,
+      -- which counts the slots in use under a lock: read here in every claim, as the pause.
+      AND NOT EXISTS (SELECT 1 FROM tether_queue_limits l WHERE l.queue = wanted.queue)
     ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT %(limit)s
 ), picked AS (

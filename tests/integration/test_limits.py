@@ -1,0 +1,200 @@
+"""Flow control with real workers (docs/limits.md): concurrency limits per key and per queue,
+round-robin between keys, rate limits, async tasks; 3 workers x 4 processes each."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.apps.support import ensure_ledger, load_app_module
+from tests.conftest import WorkerFactory, wait_until
+from tests.limit_sampler import InFlightSampler
+
+APP = "tests.apps.limited:app"
+QUEUES = "keyed,serial,capped,fair,rated,default"
+
+
+def _start(workers: WorkerFactory, n: int = 3, *args: str) -> None:
+    started = [
+        workers.start(APP, "--processes", "4", "--queues", QUEUES, *args, wait=False) for _ in range(n)
+    ]
+    for worker in started:
+        workers.wait_registered(worker)
+
+
+def _count(db: psycopg.Connection[Any], ids: list[Any], status: str = "COMPLETED") -> int:
+    row = db.execute(
+        "SELECT count(*) AS n FROM tether_tasks WHERE id = ANY(%s) AND status = %s", (ids, status)
+    ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+@pytest.mark.timeout(120)
+def test_per_key_limit_of_2_over_10_keys_never_exceeded(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    ensure_ledger(db)
+    _start(workers)
+    prefix = uuid.uuid4().hex
+    # Key after key, so without the limit the first key's 30 tasks would take every child.
+    items = [(f"tenant-{k}", 0.05, f"{prefix}-{k}-{i}") for k in range(10) for i in range(30)]
+    with InFlightSampler(direct_url, "keyed") as sampler:
+        ids = [h.id for h in limited.tenant_work.send_many(items)]
+        wait_until(lambda: _count(db, ids) == 300, timeout=90, interval=0.1, message="300 tasks to complete")
+    assert sampler.samples > 50
+    assert max(sampler.max_per_key.values()) == 2, sampler.max_per_key  # reached, never passed
+    assert set(sampler.max_per_key) == {f"tenant-{k}" for k in range(10)}
+    ledger = db.execute(
+        "SELECT count(*) AS runs, count(DISTINCT token) AS tokens FROM tether_test_ledger "
+        "WHERE token LIKE %s",
+        (prefix + "-%",),
+    ).fetchone()
+    assert ledger == {"runs": 300, "tokens": 300}
+    # The wait shows in the timestamps: claimed after it was due, and marked as limited.
+    waited = db.execute(
+        "SELECT bool_and(limited) AS limited, max(claimed_at - run_at) > interval '0.5 s' AS someone_waited "
+        "FROM tether_tasks WHERE id = ANY(%s)",
+        (ids,),
+    ).fetchone()
+    assert waited == {"limited": True, "someone_waited": True}
+
+
+@pytest.mark.timeout(120)
+def test_per_key_limit_of_1_runs_each_key_in_send_order(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    serial = limited.tenant_work.with_options(queue="serial")
+    # One batch (one run_at): send order is id order, which the claim keeps within a key.
+    ids = [h.id for h in serial.send_many([(f"k{i % 3}", 0.01) for i in range(60)])]
+    with InFlightSampler(direct_url, "serial") as sampler:
+        _start(workers)
+        wait_until(lambda: _count(db, ids) == 60, timeout=90, interval=0.1, message="60 tasks to complete")
+    assert max(sampler.max_per_key.values()) == 1
+    rows = db.execute(
+        "SELECT concurrency_key, array_agg(id ORDER BY started_at) AS run_order, "
+        "array_agg(id ORDER BY id) AS sent_order FROM tether_tasks WHERE id = ANY(%s) "
+        "GROUP BY concurrency_key",
+        (ids,),
+    ).fetchall()
+    assert len(rows) == 3
+    for row in rows:
+        assert row["run_order"] == row["sent_order"], row["concurrency_key"]
+
+
+@pytest.mark.timeout(120)
+def test_queue_limit_of_3_holds_across_workers(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    ensure_ledger(db)
+    _start(workers)
+    capped = limited.plain_work.with_options(queue="capped")
+    with InFlightSampler(direct_url, "capped") as sampler:
+        ids = [h.id for h in capped.send_many([(0.05,)] * 90)]
+        # The other queues go on meanwhile: the limit holds back only its own queue.
+        others = [h.id for h in limited.plain_work.send_many([(0.0,)] * 30)]
+        wait_until(lambda: _count(db, ids) == 90, timeout=90, interval=0.1, message="90 capped tasks")
+    assert sampler.max_total == 3
+    assert _count(db, others) == 30
+
+
+@pytest.mark.timeout(180)
+def test_small_keys_finish_before_a_fifth_of_the_big_key(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    fair = limited.plain_work.with_options(queue="fair")
+    big = [h.id for h in fair.with_options(concurrency_key="big").send_many([(0.0,)] * 5000)]
+    small = [
+        h.id
+        for k in range(9)
+        for h in fair.with_options(concurrency_key=f"small-{k}").send_many([(0.0,)] * 10)
+    ]
+    _start(workers)
+    wait_until(lambda: _count(db, small) == 90, timeout=150, interval=0.05, message="the small keys")
+    big_done = _count(db, big)
+    assert big_done < 1000, f"{big_done} of the big key's 5,000 done before the 90 small tasks"
+    wait_until(lambda: _count(db, big) == 5000, timeout=150, interval=0.2, message="the big key")
+
+
+@pytest.mark.timeout(120)
+def test_rate_limit_of_10_per_second_across_workers(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    _start(workers)
+    rated = limited.plain_work.with_options(queue="rated")
+    ids = [h.id for h in rated.send_many([(0.0,)] * 60)]
+    wait_until(lambda: _count(db, ids) == 60, timeout=60, interval=0.1, message="60 rated tasks")
+    claims = [
+        r["claimed_at"]
+        for r in db.execute(
+            "SELECT claimed_at FROM tether_tasks WHERE id = ANY(%s) ORDER BY claimed_at", (ids,)
+        ).fetchall()
+    ]
+    # A full bucket (10) at once, then 10 a second: 60 claims need at least 5 s.
+    span = (claims[-1] - claims[0]).total_seconds()
+    assert span >= 4.9, span
+    # Any 1 s window holds at most burst + rate = 20 claims, and after the first, at most ~10.
+    for i, start in enumerate(claims):
+        within = sum(1 for c in claims[i:] if (c - start).total_seconds() < 1.0)
+        assert within <= 20
+        if (start - claims[0]).total_seconds() >= 1.0:
+            assert within <= 11, (i, within)
+
+
+@pytest.mark.timeout(120)
+def test_async_tasks_keep_the_per_key_limit(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    started = [
+        workers.start(
+            APP,
+            "--processes",
+            "0",
+            "--async-processes",
+            "1",
+            "--async-concurrency",
+            "20",
+            "--queues",
+            QUEUES,
+            wait=False,
+        )
+        for _ in range(3)
+    ]
+    for worker in started:
+        workers.wait_registered(worker)
+    items = [(f"a-{k}", 0.05) for k in range(4) for _ in range(25)]
+    with InFlightSampler(direct_url, "keyed") as sampler:
+        ids = [h.id for h in limited.tenant_work_async.send_many(items)]
+        wait_until(lambda: _count(db, ids) == 100, timeout=90, interval=0.1, message="100 async tasks")
+    assert max(sampler.max_per_key.values()) == 2, sampler.max_per_key
+
+
+def test_bad_limits_are_refused_naming_the_field(database_url: str) -> None:
+    from pydantic import ValidationError
+
+    from tether import AppConfig, QueueLimits
+    from tether.errors import InvalidOptionError
+
+    with pytest.raises(ValidationError, match="per_key"):
+        QueueLimits(per_key=0)
+    with pytest.raises(ValidationError, match="max_in_flight"):
+        QueueLimits(max_in_flight=True)
+    with pytest.raises(ValidationError, match="burst needs a rate_limit"):
+        QueueLimits(burst=5)
+    with pytest.raises(ValidationError, match="key_weights"):
+        QueueLimits(key_weights={"a": 0})
+    with pytest.raises(ValidationError, match="queue_limits names queue"):
+        AppConfig(queues=["default"], queue_limits={"nope": QueueLimits()})
+    limited = load_app_module("limited", database_url)
+    with pytest.raises(InvalidOptionError, match="concurrency_key must not be empty"):
+        limited.plain_work.send(0.0, concurrency_key="")
+    with pytest.raises(InvalidOptionError, match="argument 'tenant' of task 'tenant_work'"):
+        limited.tenant_work.send(["a list"], 0.0)
