@@ -108,13 +108,12 @@ def test_small_keys_finish_before_a_fifth_of_the_big_key(
     db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
 ) -> None:
     limited = load_app_module("limited", database_url)
-    fair = limited.plain_work.with_options(queue="fair")
-    big = [h.id for h in fair.with_options(concurrency_key="big").send_many([(0.0,)] * 5000)]
-    small = [
-        h.id
-        for k in range(9)
-        for h in fair.with_options(concurrency_key=f"small-{k}").send_many([(0.0,)] * 10)
-    ]
+
+    def fair(key: str) -> Any:
+        return limited.plain_work.with_options(queue="fair", concurrency_key=key)
+
+    big = [h.id for h in fair("big").send_many([(0.0,)] * 5000)]
+    small = [h.id for k in range(9) for h in fair(f"small-{k}").send_many([(0.0,)] * 10)]
     _start(workers)
     wait_until(lambda: _count(db, small) == 90, timeout=150, interval=0.05, message="the small keys")
     big_done = _count(db, big)
@@ -137,15 +136,15 @@ def test_rate_limit_of_10_per_second_across_workers(
             "SELECT claimed_at FROM tether_tasks WHERE id = ANY(%s) ORDER BY claimed_at", (ids,)
         ).fetchall()
     ]
-    # A full bucket (10) at once, then 10 a second: 60 claims need at least 5 s.
-    span = (claims[-1] - claims[0]).total_seconds()
-    assert span >= 4.9, span
-    # Any 1 s window holds at most burst + rate = 20 claims, and after the first, at most ~10.
+    # A full bucket (10) at once, then 10 a second: the other 50 need at least 5 s.
+    assert (claims[-1] - claims[0]).total_seconds() >= 4.9
+    # The documented bound: any window of W seconds holds at most burst + rate x W claims.
     for i, start in enumerate(claims):
-        within = sum(1 for c in claims[i:] if (c - start).total_seconds() < 1.0)
-        assert within <= 20
-        if (start - claims[0]).total_seconds() >= 1.0:
-            assert within <= 11, (i, within)
+        for width in (0.5, 1.0, 2.0):
+            within = sum(1 for c in claims[i:] if (c - start).total_seconds() < width)
+            assert within <= 10 + 10 * width, (i, width, within)
+    # Claiming keeps up with the tokens: no worker sleeps while one is there to take.
+    assert (claims[-1] - claims[0]).total_seconds() < 7.0
 
 
 @pytest.mark.timeout(120)

@@ -88,16 +88,20 @@ async def claim_limited(
             },
         )
         claimed = await cur.fetchall()
-    tasks = [TaskPayload.from_row(row) for row in claimed]
+    tasks = [TaskPayload.from_row(row) for row in claimed if row["id"] is not None]
     if cursor.unkeyed:
-        cursor.unkeyed = any(row["concurrency_key"] is None for row in claimed)
+        cursor.unkeyed = bool(claimed and claimed[0]["unkeyed_seen"])
     return LimitedClaim(tasks, contended, more_keys, keys)
 
 
-async def limited_queues(conn: AsyncConn, queues: list[str]) -> set[str]:
-    """Which of ``queues`` are flow-controlled now."""
+async def limited_queues(conn: AsyncConn, queues: list[str]) -> dict[str, float | None]:
+    """Which of ``queues`` are flow-controlled now, each with the seconds one token of its rate
+    takes to come back (None: no rate limit)."""
     cur = await conn.execute(q("queue_limits_of"), {"queues": queues})
-    return {row["queue"] for row in await cur.fetchall()}
+    return {
+        row["queue"]: row["rate_period_ms"] / 1000 / row["rate_limit"] if row["rate_limit"] else None
+        for row in await cur.fetchall()
+    }
 
 
 async def declare_limits(conn: AsyncConn, limits: dict[str, QueueLimits], set_by: str) -> list[str]:

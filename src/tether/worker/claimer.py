@@ -152,6 +152,8 @@ class Claimer:
                 other - (len(claimed) - in_async_claimed), in_async - in_async_claimed, skip
             )
             claimed += more.tasks
+            if more.look_again_in is not None:
+                self.triggers.look_again_in(more.look_again_in)
             took = limit if more.maybe_more or self._took_all(claimed, other, in_async) else len(claimed)
         self.triggers.after_claim(took, limit, told)
         await self.accept(claimed)

@@ -36,6 +36,9 @@ CONTENDED_RETRY_S = 0.02  # a key another claimer held: look again this soon
 class Taken:
     tasks: list[TaskPayload]
     maybe_more: bool  # there may be work this worker could take now
+    # A rate-limited queue gave less than asked: look again in this many seconds, when its
+    # next token is back (no notification says so). None: nothing to wait for.
+    look_again_in: float | None = None
 
 
 class LimitedClaimer:
@@ -54,6 +57,7 @@ class LimitedClaimer:
         self.declared = {q: lim for q, lim in declared.items() if q in queues}
         self.async_names = async_names
         self.limited: list[str] = []  # the worker's queues that are flow-controlled now
+        self._token_s: dict[str, float | None] = {}  # seconds a token of each one's rate takes
         self._async_set = frozenset(async_names)
         self._next_refresh = 0.0
         self._next_unkeyed_look = 0.0
@@ -85,6 +89,7 @@ class LimitedClaimer:
             "reading queue limits", lambda c: limited_claims.limited_queues(c, self.queues)
         )
         self.limited = [q for q in self.queues if q in found]
+        self._token_s = found
         self._next_refresh = now + REFRESH_S
 
     async def claim(self, other: int, in_async: int, skip_names: list[str]) -> Taken:
@@ -98,6 +103,7 @@ class LimitedClaimer:
             self._next_unkeyed_look = now + UNKEYED_LOOK_S
         taken: list[TaskPayload] = []
         maybe_more = contended = False
+        look_again_in: float | None = None
         order = (
             self.limited[self._turn % len(self.limited) :] + self.limited[: self._turn % len(self.limited)]
         )
@@ -115,6 +121,9 @@ class LimitedClaimer:
             in_async -= got_async
             taken += result.tasks
             contended |= result.contended
+            token_s = self._token_s.get(queue)
+            if token_s is not None and other + in_async > 0:
+                look_again_in = token_s if look_again_in is None else min(look_again_in, token_s)
             if result.more_keys:
                 if result.tasks:
                     self._empty_windows = 0
@@ -127,7 +136,7 @@ class LimitedClaimer:
             # (it takes only its own room) is looked at again right after.
             await asyncio.sleep(CONTENDED_RETRY_S)
             maybe_more = True
-        return Taken(taken, maybe_more)
+        return Taken(taken, maybe_more, look_again_in)
 
     def _claim_from(
         self, queue: str, cursor: KeyCursor, other: int, in_async: int, skip_names: list[str]

@@ -106,13 +106,16 @@ LEFT JOIN chosen c ON true;
 -- child (as claim_tasks). Between keys the turn is round-robin: a row's turn is its key's
 -- busy count plus its place in the key, divided by the key's weight; rows are taken best
 -- priority first, then lowest turn. The limits are read here, from the table, so a change
--- holds from its commit on for every worker.
+-- holds from its commit on for every worker. Time here is statement_timestamp(), not now():
+-- this statement starts after the queue's lock was granted, so claims of the queue are
+-- stamped, and its tokens refilled, in the order they were made (a transaction that began
+-- first but waited for the lock would otherwise refill from a time before the last claim).
 WITH lim AS (
     SELECT l.max_in_flight, l.per_key, l.key_weights,
            CASE WHEN l.rate_limit IS NOT NULL THEN
                least(coalesce(l.burst, l.rate_limit)::float8,
                      coalesce(l.tokens, coalesce(l.burst, l.rate_limit)::float8)
-                     + extract(epoch FROM now() - coalesce(l.refilled_at, now())) * 1000.0
+                     + extract(epoch FROM statement_timestamp() - coalesce(l.refilled_at, statement_timestamp())) * 1000.0
                        / l.rate_period_ms * l.rate_limit)
            END AS tokens
     FROM (SELECT %(queue)s::text AS queue) q
@@ -187,7 +190,7 @@ WITH lim AS (
 ), claimed AS (
     -- synchronous_commit off: as claim_tasks (claims.sql) explains.
     UPDATE tether_tasks t
-    SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = now(), updated_at = now(),
+    SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = statement_timestamp(), updated_at = now(),
         claimed_by_worker_id = %(worker_id)s, limited = true
     FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
     WHERE t.id = picked.id
@@ -197,10 +200,14 @@ WITH lim AS (
     -- The rate's tokens: refilled up to now, less what this claim took. Written only when
     -- it took some (the refill is computed from refilled_at, so skipping a write loses none).
     UPDATE tether_queue_limits l
-    SET tokens = (SELECT tokens FROM lim) - (SELECT count(*) FROM claimed), refilled_at = now()
+    SET tokens = (SELECT tokens FROM lim) - (SELECT count(*) FROM claimed), refilled_at = statement_timestamp()
     WHERE l.queue = %(queue)s AND l.rate_limit IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
 )
-SELECT * FROM claimed;
+-- One row per claimed task, or one row of NULLs: unkeyed_seen says whether tasks without a
+-- key were found (claimed or not), so the worker knows whether to look for them next time.
+SELECT c.*, u.unkeyed_seen
+FROM (SELECT count(*) > 0 AS unkeyed_seen FROM unkeyed) u
+LEFT JOIN claimed c ON true;
 
 -- name: queue_limits_of
 -- The limits of these queues (the worker's: which of its queues take the limited claim).
