@@ -127,6 +127,9 @@ def test_rate_limit_of_10_per_second_across_workers(
 ) -> None:
     limited = load_app_module("limited", database_url)
     _start(workers)
+    # Warm children (each opens its connection on its first task): the gaps below are the claim's.
+    warm = [h.id for h in limited.plain_work.send_many([(0.05,)] * 24)]
+    wait_until(lambda: _count(db, warm) == 24, timeout=60, interval=0.1, message="warm-up tasks")
     rated = limited.plain_work.with_options(queue="rated")
     ids = [h.id for h in rated.send_many([(0.0,)] * 60)]
     wait_until(lambda: _count(db, ids) == 60, timeout=60, interval=0.1, message="60 rated tasks")
@@ -143,8 +146,10 @@ def test_rate_limit_of_10_per_second_across_workers(
         for width in (0.5, 1.0, 2.0):
             within = sum(1 for c in claims[i:] if (c - start).total_seconds() < width)
             assert within <= 10 + 10 * width, (i, width, within)
-    # Claiming keeps up with the tokens: no worker sleeps while one is there to take.
-    assert (claims[-1] - claims[0]).total_seconds() < 7.0
+    # Claiming keeps up with the tokens: a worker looks again when the next one is due, not
+    # at its next poll (1 s), so no long gap opens while tasks wait.
+    gaps = [(b - a).total_seconds() for a, b in zip(claims, claims[1:], strict=False)]
+    assert max(gaps) < 0.6, " ".join(f"{g:.2f}" for g in gaps)
 
 
 @pytest.mark.timeout(120)

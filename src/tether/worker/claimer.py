@@ -70,6 +70,7 @@ class Claimer:
         # Flow-controlled queues (docs/limits.md) take their own claim; None: the worker
         # claims every queue with the plain one.
         self.limited = limited
+        self._limited_waits_for_child = False  # the last limited claim found no idle child
 
     def skip_name(self, name: str) -> None:
         """Another live worker runs ``name`` and this one cannot (a rolling deploy): leave it to them."""
@@ -114,6 +115,8 @@ class Claimer:
         # A claim that found nothing says so only of the kinds it had room for: a kind that
         # had none (its children were full) may find work now that it has room.
         unseen = (self._blind[0] and other > 0) or (self._blind[1] and in_async > 0)
+        if self._limited_waits_for_child and max(self._idle_children()) > 0:
+            unseen = True
         return (other or in_async) > 0 and (self.triggers.maybe_more or unseen) and self.may_claim()
 
     async def claim_once(self) -> int:
@@ -148,10 +151,14 @@ class Claimer:
         if self.limited is not None and self.limited.limited and took < limit:
             # The limited queues get the room the plain claim left (the claim dispatch).
             in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
+            free_other, free_async = self._idle_children()
             more = await self.limited.claim(
-                other - (len(claimed) - in_async_claimed), in_async - in_async_claimed, skip
+                min(other, free_other) - (len(claimed) - in_async_claimed),
+                min(in_async, free_async) - in_async_claimed,
+                skip,
             )
             claimed += more.tasks
+            self._limited_waits_for_child = more.waits_for_child
             if more.look_again_in is not None:
                 self.triggers.look_again_in(more.look_again_in)
             took = limit if more.maybe_more or self._took_all(claimed, other, in_async) else len(claimed)
@@ -160,6 +167,15 @@ class Claimer:
         if await self.registration.after_claim(took, limit):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
         return len(claimed)
+
+    def _idle_children(self) -> tuple[int, int]:
+        """Room for (other, async-named) tasks in children that would start them now: a limited
+        task is never prefetched, so its slot is never held by a task waiting for a child."""
+        lanes, held = self.lanes, self.holdings
+        running_room = lanes.sync_processes, lanes.async_concurrency * lanes.async_processes
+        if not lanes.both:
+            return sum(running_room) - len(held), 0
+        return running_room[0] - held.held("sync"), running_room[1] - held.held("async")
 
     def _took_all(self, claimed: list[TaskPayload], other: int, in_async: int) -> bool:
         in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0

@@ -39,6 +39,9 @@ class Taken:
     # A rate-limited queue gave less than asked: look again in this many seconds, when its
     # next token is back (no notification says so). None: nothing to wait for.
     look_again_in: float | None = None
+    # No child was idle to start a limited task (they are never prefetched): claim again when
+    # one is, as a freed slot only pokes the claim loop.
+    waits_for_child: bool = False
 
 
 class LimitedClaimer:
@@ -96,6 +99,9 @@ class LimitedClaimer:
         """Claim up to ``other`` + ``in_async`` tasks from the limited queues, each in turn."""
         if not self.limited:
             return Taken([], False)
+        other, in_async = max(0, other), max(0, in_async)
+        if other + in_async == 0:
+            return Taken([], False, waits_for_child=True)
         now = time.monotonic()
         if now >= self._next_unkeyed_look:
             for cursor in self._cursors.values():
