@@ -34,6 +34,7 @@ from tests.harness import REPO
 from bench.apps import make_app
 from bench.async_tasks import ASYNC_SCENARIOS
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
+from bench.limits import LIMITS_SCENARIOS
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
@@ -50,6 +51,7 @@ SCENARIOS = {
     **WORKFLOW_SCENARIOS,
     **PERIODIC_SCENARIOS,
     **ASYNC_SCENARIOS,
+    **LIMITS_SCENARIOS,
 }
 
 

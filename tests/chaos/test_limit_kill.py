@@ -32,7 +32,8 @@ def test_slots_of_a_killed_worker_return_only_when_recovery_settles_its_tasks(
     limited = load_app_module("limited", database_url)
     ensure_ledger(db)
     prefix = uuid.uuid4().hex
-    a = workers.start(APP, "--processes", "2", "--queues", QUEUES, env=FAST)
+    # --prefetch 0: A, busy with two long tasks, must not hold other keys' tasks in its buffer.
+    a = workers.start(APP, "--processes", "2", "--prefetch", "0", "--queues", QUEUES, env=FAST)
     # A takes both slots of key k with long tasks.
     held = [limited.tenant_crashy.send("k", 60, f"{prefix}-held-{i}").id for i in range(2)]
     wait_until(lambda: _statuses(db, held) == {"RUNNING": 2}, message="A to run both tasks of k")

@@ -3,6 +3,7 @@ round-robin between keys, rate limits, async tasks; 3 workers x 4 processes each
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 
@@ -148,7 +149,7 @@ def test_rate_limit_of_10_per_second_across_workers(
             assert within <= 10 + 10 * width, (i, width, within)
     # Claiming keeps up with the tokens: a worker looks again when the next one is due, not
     # at its next poll (1 s), so no long gap opens while tasks wait.
-    gaps = [(b - a).total_seconds() for a, b in zip(claims, claims[1:], strict=False)]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(claims)]
     assert max(gaps) < 0.6, " ".join(f"{g:.2f}" for g in gaps)
 
 

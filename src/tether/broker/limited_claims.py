@@ -51,9 +51,13 @@ async def claim_limited(
     async_limit: int,
     async_names: list[str],
     skip_names: list[str],
+    idle: int | None = None,
 ) -> LimitedClaim:
     """Claim from flow-controlled ``queue``: up to ``limit`` tasks not in ``async_names`` and up to
-    ``async_limit`` in it, within every limit. Moves ``cursor`` on. Runs its own transaction."""
+    ``async_limit`` in it, within every limit. ``idle``: how many of them children would start
+    at once (None: all); the rest wait for a child, which the claim allows only while the
+    queue and the key stay within half their limits. Moves ``cursor`` on. Runs its own
+    transaction."""
     wanted = limit + async_limit
     window = max(32, 4 * wanted)
     async with conn.transaction():
@@ -85,6 +89,7 @@ async def claim_limited(
                 "async_names": async_names,
                 "skip_names": skip_names,
                 "worker_id": worker_id,
+                "idle": wanted if idle is None else max(0, idle),
             },
         )
         claimed = await cur.fetchall()

@@ -153,8 +153,9 @@ class Claimer:
             in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
             free_other, free_async = self._idle_children()
             more = await self.limited.claim(
-                min(other, free_other) - (len(claimed) - in_async_claimed),
-                min(in_async, free_async) - in_async_claimed,
+                other - (len(claimed) - in_async_claimed),
+                in_async - in_async_claimed,
+                free_other + free_async - len(claimed),
                 skip,
             )
             claimed += more.tasks
@@ -170,7 +171,7 @@ class Claimer:
 
     def _idle_children(self) -> tuple[int, int]:
         """Room for (other, async-named) tasks in children that would start them now: a limited
-        task is never prefetched, so its slot is never held by a task waiting for a child."""
+        task is prefetched only while its limits are far from binding (limited_claims.sql)."""
         lanes, held = self.lanes, self.holdings
         running_room = lanes.sync_processes, lanes.async_concurrency * lanes.async_processes
         if not lanes.both:

@@ -39,8 +39,8 @@ class Taken:
     # A rate-limited queue gave less than asked: look again in this many seconds, when its
     # next token is back (no notification says so). None: nothing to wait for.
     look_again_in: float | None = None
-    # No child was idle to start a limited task (they are never prefetched): claim again when
-    # one is, as a freed slot only pokes the claim loop.
+    # No child was left idle and there was room the limits kept from prefetching: claim again
+    # when a child is free, as a freed child only pokes the claim loop.
     waits_for_child: bool = False
 
 
@@ -95,13 +95,14 @@ class LimitedClaimer:
         self._token_s = found
         self._next_refresh = now + REFRESH_S
 
-    async def claim(self, other: int, in_async: int, skip_names: list[str]) -> Taken:
-        """Claim up to ``other`` + ``in_async`` tasks from the limited queues, each in turn."""
+    async def claim(self, other: int, in_async: int, idle: int, skip_names: list[str]) -> Taken:
+        """Claim up to ``other`` + ``in_async`` tasks from the limited queues, each in turn;
+        ``idle``: how many children would start a task now (see claim_limited)."""
         if not self.limited:
             return Taken([], False)
-        other, in_async = max(0, other), max(0, in_async)
+        other, in_async, idle = max(0, other), max(0, in_async), max(0, idle)
         if other + in_async == 0:
-            return Taken([], False, waits_for_child=True)
+            return Taken([], False)
         now = time.monotonic()
         if now >= self._next_unkeyed_look:
             for cursor in self._cursors.values():
@@ -120,8 +121,9 @@ class LimitedClaimer:
                 break
             cursor = self._cursors.setdefault(queue, KeyCursor())
             result = await self.pool.run(
-                "claiming (limited)", self._claim_from(queue, cursor, other, in_async, skip_names)
+                "claiming (limited)", self._claim_from(queue, cursor, other, in_async, idle, skip_names)
             )
+            idle -= len(result.tasks)
             got_async = sum(1 for t in result.tasks if t.name in self._async_set) if in_async else 0
             other -= len(result.tasks) - got_async
             in_async -= got_async
@@ -142,10 +144,12 @@ class LimitedClaimer:
             # (it takes only its own room) is looked at again right after.
             await asyncio.sleep(CONTENDED_RETRY_S)
             maybe_more = True
-        return Taken(taken, maybe_more, look_again_in)
+        # With no idle child left, what this claim could not take may fit once one is free
+        # (a freed child only pokes the claim loop).
+        return Taken(taken, maybe_more, look_again_in, waits_for_child=idle <= 0 and other + in_async > 0)
 
     def _claim_from(
-        self, queue: str, cursor: KeyCursor, other: int, in_async: int, skip_names: list[str]
+        self, queue: str, cursor: KeyCursor, other: int, in_async: int, idle: int, skip_names: list[str]
     ) -> Callable[[AsyncConn], Awaitable[LimitedClaim]]:
         async def work(conn: AsyncConn) -> LimitedClaim:
             return await limited_claims.claim_limited(
@@ -157,6 +161,7 @@ class LimitedClaimer:
                 async_limit=in_async,
                 async_names=self.async_names if in_async else [],
                 skip_names=skip_names,
+                idle=idle,
             )
 
         return work

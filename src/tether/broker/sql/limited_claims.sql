@@ -120,15 +120,21 @@ WITH lim AS (
            END AS tokens
     FROM (SELECT %(queue)s::text AS queue) q
     LEFT JOIN tether_queue_limits l ON l.queue = q.queue
+), queue_busy AS (
+    SELECT (SELECT count(*) FROM tether_tasks f
+            WHERE f.queue = %(queue)s AND f.status IN ('CLAIMED', 'RUNNING'))::int AS n
 ), room AS (
     SELECT greatest(0, least(
         %(limit)s::int,
-        coalesce(lim.max_in_flight - (SELECT count(*) FROM tether_tasks f
-                                      WHERE f.queue = %(queue)s AND f.status IN ('CLAIMED', 'RUNNING'))::int,
-                 %(limit)s::int),
+        coalesce(lim.max_in_flight - queue_busy.n, %(limit)s::int),
         coalesce(floor(lim.tokens)::int, %(limit)s::int)
-    )) AS n
-    FROM lim
+    )) AS n,
+    -- Past the idle children, a claim prefetches (tasks held until a child is free) only
+    -- while the queue stays within half its max_in_flight: a limit that binds gives its
+    -- slots to tasks that start at once, one that does not keeps the plain claim's speed.
+    greatest(0, least(coalesce(lim.max_in_flight / 2 - queue_busy.n, %(limit)s::int), %(limit)s::int))
+        AS prefetch_room
+    FROM lim, queue_busy
 ), keys AS (
     SELECT k.key, coalesce((lim.key_weights ->> k.key)::float8, 1.0) AS weight, lim.per_key,
            (SELECT count(*) FROM tether_tasks f
@@ -136,7 +142,9 @@ WITH lim AS (
               AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
     FROM unnest(%(keys)s::text[]) AS k (key), lim
 ), keyed AS (
-    SELECT c.id, c.priority, c.run_at, c.name, (keys.busy + c.nth)::float8 / keys.weight AS turn
+    SELECT c.id, c.priority, c.run_at, c.name, (keys.busy + c.nth)::float8 / keys.weight AS turn,
+           -- the same rule per key: prefetched only while the key stays within half its limit
+           keys.per_key IS NULL OR 2 * (keys.busy + c.nth) <= keys.per_key AS may_wait
     FROM keys
     CROSS JOIN LATERAL (
         SELECT x.*, row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id) AS nth
@@ -150,43 +158,48 @@ WITH lim AS (
             FOR UPDATE SKIP LOCKED
         ) x
     ) c
-), unkeyed AS (
+), unkeyed_window AS MATERIALIZED (
     -- Tasks without a key: looked for among the first `unkeyed_window` due rows of the
     -- queue in claim order (the plain claim index); a queue whose tasks all carry keys
     -- skips this (the worker passes unkeyed false when its last look found none).
+    -- Materialized, then joined by primary key: as an IN (...) the planner may pick a
+    -- nested loop over the queue's whole backlog.
+    SELECT s.id FROM tether_tasks s
+    WHERE %(unkeyed)s AND s.status = 'PENDING' AND s.queue = %(queue)s AND s.run_at <= now()
+    ORDER BY s.priority DESC, s.run_at, s.id
+    LIMIT %(unkeyed_window)s
+), unkeyed AS (
     SELECT x.id, x.priority, x.run_at, x.name,
-           row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id)::float8 AS turn
+           row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id)::float8 AS turn,
+           true AS may_wait
     FROM (
-        SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
-        WHERE t.id IN (
-            SELECT w.id FROM (
-                SELECT s.id, s.concurrency_key FROM tether_tasks s
-                WHERE %(unkeyed)s AND s.status = 'PENDING' AND s.queue = %(queue)s AND s.run_at <= now()
-                ORDER BY s.priority DESC, s.run_at, s.id
-                LIMIT %(unkeyed_window)s
-            ) w
-            WHERE w.concurrency_key IS NULL
-        )
-          AND t.status = 'PENDING' AND t.concurrency_key IS NULL
+        SELECT t.id, t.priority, t.run_at, t.name
+        FROM unkeyed_window w JOIN tether_tasks t ON t.id = w.id
+        -- COLLATE "C": not the partial indexes' predicate, so the planner reads each row by
+        -- its primary key instead of scanning the claim index once per window row.
+        WHERE t.status COLLATE "C" = 'PENDING' AND t.concurrency_key IS NULL
           AND (t.good_until IS NULL OR t.good_until > now())
           AND t.name <> ALL(%(skip_names)s::text[])
         ORDER BY t.priority DESC, t.run_at, t.id
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF t SKIP LOCKED
     ) x
 ), candidates AS (
-    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn FROM keyed
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, may_wait FROM keyed
     UNION ALL
-    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn FROM unkeyed
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, may_wait FROM unkeyed
 ), picked AS (
+    -- The first `idle` rows go to children that start them now; the others wait for one
+    -- (prefetch), when their key and queue allow it (above), in the order of their turn.
     SELECT id FROM (
-        SELECT id, is_async,
+        SELECT id, is_async, may_wait,
                row_number() OVER (ORDER BY priority DESC, turn, run_at, id) AS nth,
                row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, turn, run_at, id) AS nth_kind
         FROM candidates
     ) ranked
     WHERE nth <= (SELECT n FROM room)
       AND nth_kind <= CASE WHEN is_async THEN %(async_limit)s ELSE %(other_limit)s END
+      AND (nth <= %(idle)s OR (may_wait AND nth <= %(idle)s + (SELECT prefetch_room FROM room)))
 ), claimed AS (
     -- synchronous_commit off: as claim_tasks (claims.sql) explains.
     UPDATE tether_tasks t

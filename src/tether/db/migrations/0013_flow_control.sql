@@ -47,10 +47,15 @@ CREATE TABLE tether_queue_limits (
 -- line in every statement that settles a task (completions, retries, give-backs, every
 -- reaper step, operator actions): none can forget it. Its WHEN is checked per updated
 -- row before anything is queued, so an unlimited task pays one boolean test.
--- Identical payloads in one transaction are delivered once.
+-- Identical payloads in one transaction are delivered once. As a send, it notifies only
+-- when a worker waits for the queue (tether_work_is_awaited, migration 0005: every NOTIFY
+-- serialises commits): a worker whose claim was held back by a limit took less than it had
+-- room for, so it registered as waiting; busy workers claim again without being told.
 CREATE FUNCTION tether_slot_freed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('tether_work', NEW.queue || ' ' || extract(epoch FROM now())::text);
+    IF tether_work_is_awaited(NEW.queue) THEN
+        PERFORM pg_notify('tether_work', NEW.queue || ' ' || extract(epoch FROM now())::text);
+    END IF;
     RETURN NULL;
 END $$;
 
