@@ -203,3 +203,40 @@ def test_bad_limits_are_refused_naming_the_field(database_url: str) -> None:
         limited.plain_work.send(0.0, concurrency_key="")
     with pytest.raises(InvalidOptionError, match="argument 'tenant' of task 'tenant_work'"):
         limited.tenant_work.send(["a list"], 0.0)
+
+
+def test_cli_sets_shows_and_removes_limits(db: psycopg.Connection[Any], database_url: str) -> None:
+    from click.testing import CliRunner
+
+    from tests.cli_support import run
+    from tether.cli import cli
+
+    db.execute("DELETE FROM tether_queue_limits")
+    done = run(
+        database_url, "queue", "limit", "mail", "--max-in-flight", "5", "--rate", "10", "--weight", "vip=2"
+    )
+    assert done.exit_code == 0, done.output
+    assert "queue mail: limits set" in done.output
+    row = db.execute(
+        "SELECT max_in_flight, per_key, rate_limit, rate_period_ms, key_weights FROM tether_queue_limits"
+    ).fetchone()
+    assert row == {
+        "max_in_flight": 5,
+        "per_key": None,
+        "rate_limit": 10,
+        "rate_period_ms": 1000,
+        "key_weights": {"vip": 2.0},
+    }
+    # Bad values are refused naming the option, changing nothing.
+    bad = CliRunner().invoke(
+        cli, ["queue", "limit", "mail", "--per-key", "0", "--database-url", database_url]
+    )
+    assert bad.exit_code == 2 and "per_key" in bad.output
+    assert db.execute("SELECT per_key FROM tether_queue_limits WHERE queue = 'mail'").fetchone() == {
+        "per_key": None
+    }
+    shown = run(database_url, "queues")
+    assert "Limits" in shown.output and "vip=2" in shown.output and "0 / 5" in shown.output
+    gone = run(database_url, "queue", "unlimit", "mail")
+    assert "limits removed" in gone.output
+    assert db.execute("SELECT count(*) AS n FROM tether_queue_limits").fetchone() == {"n": 0}
