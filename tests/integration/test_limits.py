@@ -240,3 +240,22 @@ def test_cli_sets_shows_and_removes_limits(db: psycopg.Connection[Any], database
     gone = run(database_url, "queue", "unlimit", "mail")
     assert "limits removed" in gone.output
     assert db.execute("SELECT count(*) AS n FROM tether_queue_limits").fetchone() == {"n": 0}
+
+
+@pytest.mark.timeout(120)
+def test_priority_goes_first_across_keys_within_the_limits(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    keyed = limited.tenant_work
+    low = [h.id for h in keyed.send_many([("a", 0.01)] * 10 + [("b", 0.01)] * 10)]
+    urgent = [keyed.with_options(priority=50).send(key, 0.01).id for key in ("b", "c")]
+    worker = workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
+    wait_until(lambda: _count(db, low + urgent) == 22, timeout=60, interval=0.1, message="22 tasks")
+    order = [
+        r["id"]
+        for r in db.execute(
+            "SELECT id FROM tether_tasks WHERE id = ANY(%s) ORDER BY started_at", (low + urgent,)
+        ).fetchall()
+    ]
+    assert set(order[:2]) == set(urgent), worker.log_tail()
