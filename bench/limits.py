@@ -125,7 +125,7 @@ def _fill(ctx: Context, n: int, keys: int) -> None:
     with ctx.db.connect() as conn:
         conn.execute(
             "INSERT INTO tether_tasks (id, name, queue, concurrency_key) "
-            "SELECT gen_random_uuid(), 'noop', 'default', 'key-' || lpad((i % %s)::text, 4, '0') "
+            "SELECT gen_random_uuid(), 'noop', 'default', 'key-' || lpad((i %% %s)::text, 4, '0') "
             "FROM generate_series(1, %s) i",
             (keys, n),
         )

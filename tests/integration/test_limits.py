@@ -259,3 +259,36 @@ def test_priority_goes_first_across_keys_within_the_limits(
         ).fetchall()
     ]
     assert set(order[:2]) == set(urgent), worker.log_tail()
+
+
+@pytest.mark.timeout(120)
+def test_keys_take_turns_one_task_per_claim_over_more_keys_than_a_window(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    """One child, claims of one task: 40 keys (more than a window of 32), the big one sent
+    first. Round-robin from the last key served, not the oldest head: every small key's
+    task starts before the big key's 5th."""
+
+    def fair(key: str) -> Any:
+        return limited.plain_work.with_options(queue="fair", concurrency_key=key)
+
+    limited = load_app_module("limited", database_url)
+    big = [h.id for h in fair("k00").send_many([(0.0,)] * 30)]
+    small = [fair(f"k{i:02d}").send(0.0).id for i in range(1, 40)]
+    workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
+    wait_until(lambda: _count(db, big + small) == 69, timeout=90, interval=0.1, message="69 tasks")
+    row = db.execute(
+        "SELECT (SELECT max(started_at) FROM tether_tasks WHERE id = ANY(%s))"
+        " < (SELECT started_at FROM tether_tasks WHERE id = ANY(%s) ORDER BY started_at OFFSET 4 LIMIT 1)"
+        " AS fair",
+        (small, big),
+    ).fetchone()
+    keys = [
+        r["concurrency_key"]
+        for r in db.execute(
+            "SELECT concurrency_key || '@' || to_char(claimed_at, 'SS.MS') AS concurrency_key"
+            " FROM tether_tasks WHERE id = ANY(%s) ORDER BY started_at",
+            (big + small,),
+        ).fetchall()
+    ]
+    assert row == {"fair": True}, " ".join(keys)

@@ -75,7 +75,7 @@ async def claim_limited(
         keys = [r["key"] for r in rows if r["key"] is not None and r["locked"]]
         contended = any(r["key"] is not None and not r["locked"] for r in rows)
         more_keys = bool(rows and rows[0]["window_full"])
-        cursor.after = (rows[0]["window_end"] or "") if more_keys else ""
+        window_end = (rows[0]["window_end"] or "") if more_keys else cursor.after
         cur = await conn.execute(
             q("limited_claim"),
             {
@@ -94,6 +94,11 @@ async def claim_limited(
         )
         claimed = await cur.fetchall()
     tasks = [TaskPayload.from_row(row) for row in claimed if row["id"] is not None]
+    # The next claim starts after the last key (in turn) this one took a task of: round-robin.
+    # With none taken, after this window when more keys lie beyond it, else where it was (a
+    # claim with no room for the keys' kind of task must not lose the turn).
+    served = {row["concurrency_key"] for row in claimed if row["id"] is not None}
+    cursor.after = next((k for k in reversed(keys) if k in served), window_end)
     if cursor.unkeyed:
         cursor.unkeyed = bool(claimed and claimed[0]["unkeyed_seen"])
     return LimitedClaim(tasks, contended, more_keys, keys)

@@ -91,7 +91,10 @@ class LimitedClaimer:
         found = await self.pool.run(
             "reading queue limits", lambda c: limited_claims.limited_queues(c, self.queues)
         )
-        self.limited = [q for q in self.queues if q in found]
+        limited = [q for q in self.queues if q in found]
+        if limited != self.limited:
+            log.info("flow-controlled queues now: %s (docs/limits.md)", ", ".join(limited) or "none")
+        self.limited = limited
         self._token_s = found
         self._next_refresh = now + REFRESH_S
 

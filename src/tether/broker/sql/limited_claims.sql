@@ -23,8 +23,9 @@
 -- window, kept by the worker) wrapping to the start, found by a skip scan of
 -- tether_tasks_key_claim_idx (one probe per key, whatever each key's backlog). Of the
 -- window, the keys with room, best head priority first, then the least busy for their
--- weight, then the oldest head, as many as `wanted`, each try-locked. One row per key
--- (key NULL when none), with the window's last key and whether it was full.
+-- weight, then in turn from the cursor, as many as `wanted`, each try-locked. One row per
+-- key (key NULL when none), in turn order, with the window's last key and whether it was
+-- full. The worker's next cursor is the last of these keys that the claim took a task of.
 WITH RECURSIVE
 queue_lock AS MATERIALIZED (
     SELECT l.per_key, coalesce(l.key_weights, '{}') AS key_weights,
@@ -65,7 +66,7 @@ key_window AS MATERIALIZED (
     LIMIT %(window)s
 ),
 heads AS (
-    SELECT w.key, h.priority, h.run_at,
+    SELECT w.key, w.part, h.priority, h.run_at,
            coalesce((queue_lock.key_weights ->> w.key)::float8, 1.0) AS weight,
            (SELECT count(*) FROM tether_tasks f
             WHERE f.queue = %(queue)s AND f.concurrency_key = w.key
@@ -80,13 +81,16 @@ heads AS (
         LIMIT 1
     ) h
 ),
-chosen AS (
-    SELECT ranked.key, ranked.busy,
+chosen AS MATERIALIZED (
+    SELECT ranked.key, ranked.part, ranked.busy,
            pg_try_advisory_xact_lock(hashtextextended(%(queue)s || chr(31) || ranked.key, 0)) AS locked
     FROM (
-        SELECT heads.key, heads.busy FROM heads, queue_lock
+        SELECT heads.key, heads.part, heads.busy FROM heads, queue_lock
         WHERE queue_lock.per_key IS NULL OR heads.busy < queue_lock.per_key
-        ORDER BY heads.priority DESC, heads.busy / heads.weight, heads.run_at
+        -- Round-robin: among keys of one priority and load, the first after the previous
+        -- claim's last key (where the window starts), not the key with the oldest head,
+        -- which would be the same key on every claim for as long as its backlog lasts.
+        ORDER BY heads.priority DESC, heads.busy / heads.weight, heads.part, heads.key
         LIMIT %(wanted)s
     ) ranked
 )
@@ -96,7 +100,8 @@ FROM (
            (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
            (SELECT count(*) FROM queue_lock) AS locked_queue
 ) e
-LEFT JOIN chosen c ON true;
+LEFT JOIN chosen c ON true
+ORDER BY c.part, c.key;
 
 -- name: limited_claim
 -- Claim from the keys limited_keys locked (and, when `unkeyed`, from the queue's tasks
@@ -136,13 +141,20 @@ WITH lim AS (
         AS prefetch_room
     FROM lim, queue_busy
 ), keys AS (
-    SELECT k.key, coalesce((lim.key_weights ->> k.key)::float8, 1.0) AS weight, lim.per_key,
+    SELECT k.key, k.place, coalesce((lim.key_weights ->> k.key)::float8, 1.0) AS weight, lim.per_key,
            (SELECT count(*) FROM tether_tasks f
             WHERE f.queue = %(queue)s AND f.concurrency_key = k.key
               AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
-    FROM unnest(%(keys)s::text[]) AS k (key), lim
+    FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k (key, place), lim
+), level AS (
+    -- Water-filling: the turn every key would reach if this claim's tasks were shared out
+    -- by weight on top of what each key has in flight. A key reads only the rows that can
+    -- come before it (+1), so a claim locks about `limit` + keys rows, not `limit` per key.
+    SELECT (%(limit)s + coalesce(sum(busy), 0))::float8 / greatest(coalesce(sum(weight), 1), 0.001) AS turn
+    FROM keys
 ), keyed AS (
     SELECT c.id, c.priority, c.run_at, c.name, (keys.busy + c.nth)::float8 / keys.weight AS turn,
+           keys.place,
            -- the same rule per key: prefetched only while the key stays within half its limit
            keys.per_key IS NULL OR 2 * (keys.busy + c.nth) <= keys.per_key AS may_wait
     FROM keys
@@ -154,7 +166,8 @@ WITH lim AS (
               AND t.run_at <= now() AND (t.good_until IS NULL OR t.good_until > now())
               AND t.name <> ALL(%(skip_names)s::text[])
             ORDER BY t.priority DESC, t.run_at, t.id
-            LIMIT greatest(0, least(coalesce(keys.per_key - keys.busy, %(limit)s::int), %(limit)s::int))
+            LIMIT greatest(0, least(coalesce(keys.per_key - keys.busy, %(limit)s::int), %(limit)s::int,
+                                    ceil((SELECT turn FROM level) * keys.weight)::int - keys.busy + 1))
             FOR UPDATE SKIP LOCKED
         ) x
     ) c
@@ -171,7 +184,7 @@ WITH lim AS (
 ), unkeyed AS (
     SELECT x.id, x.priority, x.run_at, x.name,
            row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id)::float8 AS turn,
-           true AS may_wait
+           NULL::bigint AS place, true AS may_wait
     FROM (
         SELECT t.id, t.priority, t.run_at, t.name
         FROM unkeyed_window w JOIN tether_tasks t ON t.id = w.id
@@ -185,16 +198,21 @@ WITH lim AS (
         FOR UPDATE OF t SKIP LOCKED
     ) x
 ), candidates AS (
-    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, may_wait FROM keyed
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, place, may_wait
+    FROM keyed
     UNION ALL
-    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, may_wait FROM unkeyed
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, place, may_wait
+    FROM unkeyed
 ), picked AS (
     -- The first `idle` rows go to children that start them now; the others wait for one
     -- (prefetch), when their key and queue allow it (above), in the order of their turn.
     SELECT id FROM (
         SELECT id, is_async, may_wait,
-               row_number() OVER (ORDER BY priority DESC, turn, run_at, id) AS nth,
-               row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, turn, run_at, id) AS nth_kind
+               -- place: the key's turn in the round-robin (keys come in that order), so equal
+               -- turns go to the key next after the last one served, not the oldest task
+               row_number() OVER (ORDER BY priority DESC, turn, place, run_at, id) AS nth,
+               row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, turn, place, run_at, id)
+                   AS nth_kind
         FROM candidates
     ) ranked
     WHERE nth <= (SELECT n FROM room)
