@@ -33,10 +33,12 @@ from tests.harness import REPO
 
 from bench.apps import make_app
 from bench.async_tasks import ASYNC_SCENARIOS
+from bench.held_horizon import HELD_HORIZON_SCENARIOS
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
 from bench.limits import LIMITS_SCENARIOS
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
+from bench.retention_pace import RETENTION_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
 from bench.transactions import TRANSACTION_SCENARIOS
 from bench.unique import UNIQUE_SCENARIOS
@@ -51,6 +53,8 @@ SCENARIOS = {
     **WORKFLOW_SCENARIOS,
     **PERIODIC_SCENARIOS,
     **ASYNC_SCENARIOS,
+    **HELD_HORIZON_SCENARIOS,
+    **RETENTION_SCENARIOS,
     **LIMITS_SCENARIOS,
 }
 

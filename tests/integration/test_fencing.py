@@ -26,6 +26,13 @@ from tether.worker.recorder import Recorder
 
 # The claim's parameters for a worker with one kind of child (worker/lanes.py).
 NO_ASYNC_LANE = {"async_limit": 0, "async_names": []}
+# No marks (worker/claim_marks.py): the claim reads each queue from its start.
+NO_MARKS: dict[str, list[Any]] = {
+    "mark_queues": [],
+    "mark_priorities": [],
+    "mark_run_ats": [],
+    "mark_ids": [],
+}
 
 A, B = "host-1-aaaa", "host-2-bbbb"
 COMPLETED = Outcome(TaskStatus.COMPLETED, '{"ok": 3}', None, None, None)
@@ -59,6 +66,7 @@ def claim(db: psycopg.Connection[Any], worker_id: str, limit: int = 1) -> list[T
             **NO_ASYNC_LANE,
             "worker_id": worker_id,
             "skip_names": [],
+            **NO_MARKS,
         },
     ).fetchall()
     return sorted((TaskPayload.from_row(r) for r in rows), key=lambda t: t.id)

@@ -379,6 +379,30 @@ def test_priority_orders_the_claims(
     assert [r["id"] for r in claimed] == [r["id"] for r in rows]
 
 
+def test_claims_go_past_a_higher_prioritys_tasks_that_are_not_due(
+    basic: ModuleType, conn: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    """Tasks due later at a higher priority are neither claimed nor in the way: the due ones
+    of the priorities below run, in priority order, and every one of them is claimed."""
+    prefix = token()
+    later = [
+        basic.record.with_options(queue="low", priority=p).schedule(timedelta(hours=1), f"{prefix}-later-{i}")
+        for i, p in enumerate([100, 100, 100, 50, 50])
+    ]
+    due = [
+        basic.record.with_options(queue="low", priority=p).send(f"{prefix}-due-{i}")
+        for i, p in enumerate([0, 50, -5, 100, 50, 0])
+    ]
+    workers.start(APP, "--queues", "low", "--processes", "1", "--prefetch", "0")
+    for handle in due:
+        assert handle.get(timeout=WAIT).is_ok
+
+    rows = sorted((task_row(conn, h.id) for h in due), key=lambda r: r["started_at"])
+    assert [r["priority"] for r in rows] == [100, 50, 50, 0, 0, -5]
+    assert [r["id"] for r in rows if r["priority"] == 50] == [due[1].id, due[4].id]
+    assert [task_row(conn, h.id)["status"] for h in later] == ["PENDING"] * len(later)
+
+
 def test_a_worker_takes_only_its_queues(
     basic: ModuleType, conn: psycopg.Connection[Any], workers: WorkerFactory
 ) -> None:

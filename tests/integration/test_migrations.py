@@ -243,3 +243,28 @@ def test_migration_10_indexes_the_unsuccessful_tasks_already_there_and_the_lists
                     ).fetchall()
                 ]
             assert shown == expected and shown, (statuses, code)
+
+
+# -- migration 12: autovacuum settings of the tables every task writes -------------------------
+
+
+@pytest.mark.server_agnostic
+def test_migration_12_gives_the_queue_tables_their_autovacuum_settings(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s) AND relkind = 'r'",
+            (["tether_tasks", "tether_task_attempts", "tether_heartbeats", "tether_workers"],),
+        ).fetchall()
+    options = {name: dict(o.split("=", 1) for o in opts or []) for name, opts in rows}
+    assert options["tether_tasks"] == {
+        "autovacuum_vacuum_threshold": "10000",
+        "autovacuum_vacuum_scale_factor": "0.01",
+        "autovacuum_analyze_threshold": "10000",
+        "autovacuum_analyze_scale_factor": "0.02",
+    }
+    assert options["tether_task_attempts"]["autovacuum_vacuum_scale_factor"] == "0.02"
+    assert options["tether_heartbeats"]["autovacuum_vacuum_scale_factor"] == "0.02"
+    assert options["tether_workers"] == {
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_vacuum_scale_factor": "0",
+    }

@@ -33,7 +33,8 @@ from tether.broker.queries import q
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig
 from tether.db.connection import DedicatedConnection
 from tether.worker.heartbeat import SNAPSHOT_EVERY, Heartbeat
-from tether.worker.reaper import Reaper
+from tether.worker.reaper import PRUNE_AGAIN_S, Reaper
+from tether.worker.retention import Retention
 from tether.worker.scheduler import Scheduler
 from tether.worker.services import Services
 from tether.worker.work_listener import WorkListener
@@ -48,6 +49,15 @@ QUICK = RecoveryConfig(
     running_stale_threshold_ms=2000,
     check_interval_ms=5000,
 )
+
+
+# No marks (worker/claim_marks.py): the claim reads each queue from its start.
+NO_MARKS: dict[str, list[Any]] = {
+    "mark_queues": [],
+    "mark_priorities": [],
+    "mark_run_ats": [],
+    "mark_ids": [],
+}
 
 
 def app_config(url: str) -> AppConfig:
@@ -66,6 +76,7 @@ def claim(db: Conn, worker_id: str, limit: int = 1) -> list[str]:
             "async_names": [],
             "worker_id": worker_id,
             "skip_names": [],
+            **NO_MARKS,
         },
     ).fetchall()
     return [str(r["id"]) for r in rows]
@@ -115,6 +126,34 @@ async def eventually(predicate: Any, what: str) -> None:
 
 
 # -- the connection every service gets -----------------------------------------------------
+
+
+def test_a_reaper_behind_on_retention_prunes_again_soon_between_the_fleets_passes(
+    database_url: str, db: Conn
+) -> None:
+    """One pass per check interval for the whole fleet must not slow pruning: the worker
+    whose retention ran out of budget with rows left prunes again PRUNE_AGAIN_S later, on
+    ticks where the fleet's pass is not due, until it has caught up."""
+    db.execute(
+        "INSERT INTO tether_heartbeats (task_id, sender_id, role, sent_at, hostname, pid) "
+        "SELECT gen_random_uuid(), 'gone-1', 'runner', now() - interval '30 hours', 'h', 1 "
+        "FROM generate_series(1, 2500)"
+    )
+    old = "SELECT count(*) AS n FROM tether_heartbeats WHERE sent_at < now() - interval '24 hours'"
+    reaper = Reaper(database_url, app_config(database_url), heartbeat_interval_s=1.0, worker_id="w-1")
+    reaper.retention = Retention(reaper.config, batch=1000, budget_s=0)  # one batch per tick
+    try:
+        done, wait = reaper.run_once()  # the fleet's pass is due: this worker does it, and prunes
+        assert done is not None and reaper.retention.behind and wait == PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 1500
+        done, wait = reaper.run_once()  # no pass due now, but pruning goes on
+        assert done is None and reaper.retention.behind and wait == PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 500
+        done, wait = reaper.run_once()  # caught up: back to the fleet's schedule
+        assert done is None and not reaper.retention.behind and wait > PRUNE_AGAIN_S
+        assert db.execute(old).fetchone()["n"] == 0
+    finally:
+        reaper.connection.close()
 
 
 @pytest.mark.direct_only(
@@ -359,7 +398,7 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         database_url,
         app_config(database_url),
         {"default"},
-        on_work=lambda due_in: heard.append(("work", due_in)),
+        on_work=lambda queue, run_at, due_in: heard.append(("work", (queue, run_at, due_in))),
         on_listening=lambda: heard.append(("listening", None)),
         on_schedules=lambda: heard.append(("schedules", None)),
         on_control=lambda verb, arguments: heard.append(("control", (verb, arguments))),
@@ -377,7 +416,9 @@ async def test_a_listener_tick_listens_hands_on_what_it_hears_and_listens_again_
         while len(heard) < 3:
             assert await listener.tick() == 0.0
         assert [kind for kind, _ in heard] == ["work", "schedules", "control"]
-        assert 55 < heard[0][1] <= 60 and heard[2][1] == ("pause", ["default"])
+        queue, run_at, due_in = heard[0][1]
+        assert queue == "default" and run_at == due and 55 < due_in <= 60
+        assert heard[2][1] == ("pause", ["default"])
 
         terminate(db, "listener")
         with pytest.raises(psycopg.OperationalError):

@@ -28,6 +28,13 @@ from tether.worker import notify_registration
 
 # The claim's parameters for a worker with one kind of child (worker/lanes.py).
 NO_ASYNC_LANE = {"async_limit": 0, "async_names": []}
+# No marks (worker/claim_marks.py): the claim reads each queue from its start.
+NO_MARKS: dict[str, list[Any]] = {
+    "mark_queues": [],
+    "mark_priorities": [],
+    "mark_run_ats": [],
+    "mark_ids": [],
+}
 
 APP = "tests.apps.basic:app"
 
@@ -151,6 +158,7 @@ def test_a_send_in_flight_holds_a_registration_back_until_it_commits(
                 **NO_ASYNC_LANE,
                 "worker_id": worker_id,
                 "skip_names": [],
+                **NO_MARKS,
             },
         ).fetchall()
     assert [r["id"] for r in claimed] == [task_id]
@@ -297,7 +305,7 @@ def claim_ran_since(db: psycopg.Connection[Any], since: Any) -> bool:
     row = db.execute(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
         " AND query LIKE %s AND state = 'idle' AND query_start >= %s",
-        ("WITH scanned AS (%", since),
+        ("WITH marks AS (%", since),
     ).fetchone()
     return row is not None and row["n"] > 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from tether.broker.queries import q
@@ -89,6 +90,26 @@ class FenceState:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a row sits in one queue's claim order: its priority band, then (run_at, id)."""
+
+    queue: str
+    priority: int
+    run_at: datetime
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What one claim took: the tasks, each one's place in the claim order, and the places a
+    mark may move to (those of taken rows with no row of their band read but left before them)."""
+
+    tasks: list[TaskPayload]
+    places: list[Place]  # one per task, in the same order
+    advances: list[Place]
+
+
 async def claim_tasks(
     conn: AsyncConn,
     *,
@@ -98,10 +119,12 @@ async def claim_tasks(
     skip_names: list[str],
     async_names: list[str] | None = None,
     async_limit: int = 0,
-) -> list[TaskPayload]:
+    after: Sequence[Place] = (),
+) -> Claimed:
     """Claim due PENDING tasks of ``queues`` (best priority first): up to ``async_limit`` whose
     name is in ``async_names`` and up to ``limit`` others, from the first ``limit + async_limit``
-    rows in queue order."""
+    rows in queue order. ``after``: marks, at most one per queue and priority; that band of
+    that queue is read from just after its mark only (claims.sql says why)."""
     cur = await conn.execute(
         q("claim_tasks"),
         {
@@ -112,9 +135,19 @@ async def claim_tasks(
             "async_names": async_names or [],
             "worker_id": worker_id,
             "skip_names": skip_names,
+            "mark_queues": [m.queue for m in after],
+            "mark_priorities": [m.priority for m in after],
+            "mark_run_ats": [m.run_at for m in after],
+            "mark_ids": [m.id for m in after],
         },
     )
-    return [TaskPayload.from_row(row) for row in await cur.fetchall()]
+    rows = await cur.fetchall()
+    places = [Place(row["queue"], row["priority"], row["run_at"], str(row["id"])) for row in rows]
+    return Claimed(
+        [TaskPayload.from_row(row) for row in rows],
+        places,
+        [place for place, row in zip(places, rows, strict=True) if row["advance"]],
+    )
 
 
 def start_task(conn: Conn, task: TaskPayload, worker_id: str) -> bool:

@@ -16,16 +16,15 @@ thread. Manual recovery (broker/manual_recovery.py) applies the same rules on de
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from tether import outcomes
+from tether.broker import retention
 from tether.broker.claims import Fence, record_outcome
 from tether.broker.queries import q
 from tether.broker.types import Conn
-from tether.broker.workflows import prune_workflows
 from tether.config import RecoveryConfig
 from tether.log_fields import about_task
 from tether.result import TaskStatus
@@ -268,40 +267,6 @@ def next_due_in(conn: Conn, config: RecoveryConfig) -> float | None:
     return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 
-#: Deletes up to ``limit`` rows older than ``age``; how many it deleted.
-Pruner = Callable[[Conn, timedelta, int], int]
-
-
-def _pruner(statement: str) -> Pruner:
-    """A prune statement of recovery.sql, called like workflows.prune_workflows."""
-
-    def delete(conn: Conn, age: timedelta, limit: int) -> int:
-        return conn.execute(q(statement), {"age": age, "limit": limit}).rowcount
-
-    return delete
-
-
 def prune(conn: Conn, config: RecoveryConfig, limit: int = 5_000) -> dict[str, int]:
-    """Delete rows past their retention, in bounded batches; None in the config disables one."""
-    plan: list[tuple[str, Pruner, float | None]] = [
-        ("heartbeats", _pruner("prune_heartbeats"), config.heartbeat_retention_hours),
-        ("worker_states", _pruner("prune_worker_states"), config.worker_state_retention_hours),
-        ("workers", _pruner("prune_workers"), config.worker_state_retention_hours),
-        ("tasks", _pruner("prune_terminal_tasks"), config.terminal_record_retention_hours),
-        ("workflows", prune_workflows, config.terminal_record_retention_hours),
-    ]
-    deleted: dict[str, int] = {}
-    for label, delete, hours in plan:
-        if hours is None:
-            continue
-        total = 0
-        for _ in range(20):  # at most 20 batches per category per pass: the next pass goes on
-            n = delete(conn, timedelta(hours=hours), limit)
-            total += n
-            if n < limit:
-                break
-        if total:
-            deleted[label] = total
-    if deleted:
-        log.info("retention: pruned %s", ", ".join(f"{n} {label}" for label, n in deleted.items()))
-    return deleted
+    """Delete rows past their retention: one pass from the start (broker/retention.py)."""
+    return retention.prune(conn, config, limit)

@@ -4,7 +4,8 @@ It claims while ClaimTriggers says there may be work, and sleeps until woken
 otherwise. With claimed tasks still waiting for a child it waits until half the
 capacity is free and claims that in one statement (one commit per batch, not per
 task); with nothing waiting it claims at once whatever fits. After a claim it keeps
-the notify registration up to date (see notify_registration.py).
+the notify registration up to date (see notify_registration.py), and its marks, the
+places in each queue its next claim reads from (see claim_marks.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tether.broker.claims import TaskPayload
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
 from tether.worker.backoff import Backoff, Outage
+from tether.worker.claim_marks import ClaimMarks
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
@@ -66,6 +68,7 @@ class Claimer:
         self.accept = accept  # takes what a claim returned
         self.may_claim = may_claim  # False while the worker isolates itself
         self.stopping = stopping  # set: no more claims, the loop returns at its next turn (poke it)
+        self.marks = ClaimMarks(triggers.poll_interval_s)
         self._skip_names: dict[str, float] = {}
         # Flow-controlled queues (docs/limits.md) take their own claim; None: the worker
         # claims every queue with the plain one.
@@ -130,8 +133,11 @@ class Claimer:
         if self.limited is not None:
             await self.limited.refresh()
             queues = self.limited.plain_queues()
-        claimed: list[TaskPayload] = []
+        tasks: list[TaskPayload] = []
+        filled = False
         if queues:
+            marks = self.marks.for_claim()
+            started = time.monotonic()
             claimed = await self.pool.run(
                 "claiming",
                 lambda c: claims.claim_tasks(
@@ -142,32 +148,42 @@ class Claimer:
                     skip_names=skip,
                     async_names=self.async_names,
                     async_limit=in_async,
+                    after=marks or (),
                 ),
             )
-        # The claim took all the room it had when some kind filled its room: there may be
-        # more work (with both kinds of child, the rows scanned beyond one kind's room are
-        # left to a later claim). Triggers and registration count it as a full claim.
-        took = limit if self._took_all(claimed, other, in_async) else len(claimed)
+            tasks = claimed.tasks
+            # The claim took all the room it had when some kind filled its room: there may be
+            # more work (with both kinds of child, the rows scanned beyond one kind's room are
+            # left to a later claim). Triggers and registration count it as a full claim.
+            filled = self._took_all(tasks, other, in_async)
+            self.marks.after_claim(
+                claimed,
+                full_read=marks is None,
+                filled=filled,
+                spent_s=time.monotonic() - started,
+                exact=not self.lanes.both,
+            )
+        took = limit if filled else len(tasks)
         if self.limited is not None and self.limited.limited and took < limit:
             # The limited queues get the room the plain claim left (the claim dispatch).
-            in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0
+            in_async_claimed = sum(1 for t in tasks if t.name in self._async_set) if in_async else 0
             free_other, free_async = self._idle_children()
             more = await self.limited.claim(
-                other - (len(claimed) - in_async_claimed),
+                other - (len(tasks) - in_async_claimed),
                 in_async - in_async_claimed,
-                free_other + free_async - len(claimed),
+                free_other + free_async - len(tasks),
                 skip,
             )
-            claimed += more.tasks
+            tasks = tasks + more.tasks
             self._limited_waits_for_child = more.waits_for_child
             if more.look_again_in is not None:
                 self.triggers.look_again_in(more.look_again_in)
-            took = limit if more.maybe_more or self._took_all(claimed, other, in_async) else len(claimed)
+            took = limit if more.maybe_more or self._took_all(tasks, other, in_async) else len(tasks)
         self.triggers.after_claim(took, limit, told)
-        await self.accept(claimed)
+        await self.accept(tasks)
         if await self.registration.after_claim(took, limit):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
-        return len(claimed)
+        return len(tasks)
 
     def _idle_children(self) -> tuple[int, int]:
         """Room for (other, async-named) tasks in children that would start them now: a limited

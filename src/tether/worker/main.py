@@ -7,12 +7,13 @@ by step, and takes it down in reverse: nothing here is ``None`` until a step has
 
 - holdings.py: where each held task sits (unhanded, a child's current task, its queue)
 - claimer.py: the claim loop; claim_triggers.py: what makes it look for work again;
-  notify_registration.py: asking senders to notify
+  claim_marks.py: where its claims start reading; notify_registration.py: asking
+  senders to notify
 - dispatch.py: handing tasks to the children and following them; supervisor.py: the
   child processes (and killing hung ones); recorder.py: fenced writes, crashes included
 - services.py: the background services, each a module with its tick: work_listener.py
   (LISTEN), heartbeat.py (the one statement per interval), isolation.py (stopping our
-  own work when heartbeats cannot get through), reaper.py, scheduler.py
+  own work when heartbeats cannot get through), reaper.py (with retention.py), scheduler.py
 - time_limits.py, cancels.py; reconcile.py (start-up)
 """
 
@@ -22,6 +23,7 @@ import asyncio
 import logging
 import os
 import signal
+from datetime import UTC, datetime
 
 from tether import __version__, outcomes
 from tether.app import Tether
@@ -322,7 +324,7 @@ class StartedWorker:
                     self.listen_url,
                     config,
                     set(worker.queues),
-                    on_work=triggers.on_notification,
+                    on_work=self._on_work,
                     on_listening=self._on_listening,
                     on_schedules=self.scheduler.wake,
                     on_control=self._on_control,
@@ -402,10 +404,19 @@ class StartedWorker:
             interval_s(config.recovery),
         )
 
+    def _on_work(self, queue: str, run_at: float | None, due_in: float | None) -> None:
+        """New work on ``queue`` from ``run_at`` (Unix seconds, database time), due in
+        ``due_in`` seconds by the server's clock (both None: unknown)."""
+        when = None if run_at is None else datetime.fromtimestamp(run_at, UTC)
+        self.claimer.marks.rewind(queue, when)  # the claim must read back to it
+        self.worker.triggers.on_notification(due_in)
+
     def _on_listening(self) -> None:
-        # Notifications sent while the listener was down are lost: look once, and
-        # register as waiting again (the reaper may have removed the row meanwhile).
+        # Notifications sent while the listener was down are lost: look once (without
+        # marks: what they announced may sit behind one), and register as waiting again
+        # (the reaper may have removed the row meanwhile).
         self.listening.set()
+        self.claimer.marks.forget()
         self.registration.forget()
         self.worker.triggers.work_may_wait()
         self.scheduler.wake()

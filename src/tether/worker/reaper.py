@@ -1,18 +1,21 @@
-"""The reaper, a background service (services.py): runs in every worker; for the whole
-fleet, one pass per due moment (broker/reaper_passes.py, one row of tether_reaper).
+"""The reaper, a background service (services.py): runs in every worker; for the whole fleet,
+one pass per due moment (broker/reaper_passes.py, one row of tether_reaper).
 
 A tick first reads when the fleet's next pass is due (one statement). Not yet: it sleeps
 until then. Due: it claims the pass in the transaction that does it, and only one worker
 gets it. A pass, in this order: expire PENDING tasks past good_until; requeue stale
 CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; read the workflow
-steps to reconcile and when the next task turns stale or expires; write that moment to
-the row as the fleet's next pass (all in one transaction); then reconcile workflow steps
-and finish workflows, one transaction per workflow and only when there is any; prune by
-retention (at most hourly per worker). The next pass is due when the next task would turn
-stale or expire, but never later than check_interval_ms, so recovery does not wait for a
-fixed tick; at once when a step filled its batch. Each worker sleeps until that moment
-plus a little jitter, so the fleet's wake-ups spread and one of them claims it. On a
-database error it tries again after 0.5 s, backing off up to check_interval_ms.
+steps to reconcile and when the next task turns stale or expires; write that moment to the
+row as the fleet's next pass (all in one transaction); then reconcile workflow steps and
+finish workflows, one transaction per workflow and only when there is any; then, at most
+once a minute per worker, delete what is past its retention, in small batches
+(worker/retention.py). A worker whose retention is behind (it used its budget with rows
+left) prunes again after PRUNE_AGAIN_S, between the fleet's passes too. The next pass is
+due when the next task would turn stale or expire, but never later than check_interval_ms,
+so recovery does not wait for a fixed tick; at once when a step filled its batch. Each
+worker sleeps until that moment plus a little jitter, so the fleet's wake-ups spread and
+one of them claims it. On a database error it tries again after 0.5 s, backing off up to
+check_interval_ms.
 """
 
 from __future__ import annotations
@@ -20,20 +23,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 import uuid
 
 from tether.broker import reaper_passes, recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
 from tether.worker.backoff import Backoff
+from tether.worker.retention import Retention
 from tether.worker.services import Service
 from tether.worker.shared_connection import SharedConnection
 from tether.workflow import recovery as workflow_recovery
 
 log = logging.getLogger("tether.reaper")
 
-PRUNE_EVERY_S = 3600.0
+# Retention used its budget with rows left: the next pass this soon.
+PRUNE_AGAIN_S = 0.1
 # Staleness is strict ("older than"): look a little after the moment itself.
 AFTER_DUE_S = 0.01
 MIN_SLEEP_S = 0.05
@@ -69,7 +73,7 @@ class Reaper(Service):
         self.connection = connection or SharedConnection(url, config, "reaper")
         self.worker_id = worker_id  # written to tether_reaper with each pass it does
         self.worker_stale_ms = 3 * heartbeat_interval_s * 1000
-        self._last_prune = -PRUNE_EVERY_S  # prune on the first pass this worker does
+        self.retention = Retention(self.config)
         self.last: recovery.Recovered | None = None  # what this tick's pass did (None: no pass here)
         self.passes = 0  # passes this worker did
 
@@ -102,6 +106,10 @@ class Reaper(Service):
         cfg = self.config
         due = reaper_passes.due_in(conn, cfg.check_interval_ms)
         if due.due_in_s > 0:
+            if self.retention.behind:  # not the fleet's pass, but this worker's pruning goes on
+                self.retention.run(conn)
+                if self.retention.behind:
+                    return None, PRUNE_AGAIN_S
             return None, self._clamp(due.due_in_s)
         if due.running:
             return None, self._busy_sleep()
@@ -135,10 +143,10 @@ class Reaper(Service):
                 raise
             except DatabaseError as exc:
                 log.error("could not reconcile workflow steps: %s", exc)
-        if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
-            self._last_prune = time.monotonic()
-            with conn.transaction():
-                recovery.prune(conn, self.config)
+        if self.retention.due:
+            self.retention.run(conn)  # one commit per batch
+        if self.retention.behind:
+            wait = min(wait, PRUNE_AGAIN_S)
         return done, wait
 
     def _act(self, conn: Conn) -> recovery.Recovered:

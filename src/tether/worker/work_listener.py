@@ -75,9 +75,11 @@ class ServerClock:
 
 
 class WorkListener(Service):
-    """Calls ``on_work(seconds_until_due)`` for every notification of new work on one of
-    ``queues``, ``on_schedules()`` for every change to a schedule of one of them, and
-    ``on_control(verb, arguments)`` for every operator's request (notifications.py lists them)."""
+    """Calls ``on_work(queue, run_at, due_in)`` for every notification of new work on one of
+    ``queues`` (``run_at``: the earliest due time announced, Unix seconds in database time;
+    ``due_in``: seconds from now to it by the server's clock; both None if unreadable),
+    ``on_schedules()`` for every change to a schedule of one of them, and ``on_control(verb,
+    arguments)`` for every operator's request (notifications.py lists them)."""
 
     name = "work listener"
     log = log
@@ -89,7 +91,7 @@ class WorkListener(Service):
         config: AppConfig,
         queues: set[str],
         *,
-        on_work: Callable[[float | None], None],
+        on_work: Callable[[str, float | None, float | None], None],
         on_listening: Callable[[], None],
         on_schedules: Callable[[], None],
         on_control: Callable[[str, list[str]], None],
@@ -132,16 +134,17 @@ class WorkListener(Service):
         if note.channel == notifications.SCHEDULES_CHANNEL:
             self.on_schedules()
         else:
-            self.on_work(_seconds_until(run_at, self.clock.now()))
+            epoch = _epoch(run_at)
+            self.on_work(queue, epoch, None if epoch is None else epoch - self.clock.now())
 
     async def close(self) -> None:
         self._listening = None
         await self.connection.close()
 
 
-def _seconds_until(epoch: str, now: float) -> float | None:
-    """Seconds from ``now`` (the server's clock) to the notification's run_at (an epoch of it)."""
+def _epoch(text: str) -> float | None:
+    """A notification's run_at: Unix seconds of the server's clock (None if unreadable)."""
     try:
-        return float(epoch) - now
+        return float(text)
     except ValueError:
         return None

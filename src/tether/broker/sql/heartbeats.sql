@@ -17,8 +17,10 @@ WITH me AS (
     FROM unnest(%(task_ids)s::uuid[], %(roles)s::text[], %(pids)s::int[]) AS u (task_id, role, pid)
 ), owned AS (
     SELECT sent.*, t.status, t.cancel_requested_at IS NOT NULL AS cancel_requested FROM sent
+    -- COLLATE "C": each task by its primary key, never the in-flight index's dead
+    -- entries (claims.sql says why)
     LEFT JOIN tether_tasks t ON t.id = sent.task_id AND t.claimed_by_worker_id = %(worker_id)s
-        AND t.status IN ('CLAIMED', 'RUNNING')
+        AND t.status COLLATE "C" IN ('CLAIMED', 'RUNNING')
 ), beats AS (
     INSERT INTO tether_heartbeats (task_id, sender_id, role, hostname, pid)
     SELECT task_id, %(worker_id)s, role, %(hostname)s, pid FROM owned
@@ -41,6 +43,6 @@ SELECT (SELECT count(*) FROM me) AS registered,
 -- From inside a task: stored on the row, and it counts as a runner heartbeat.
 UPDATE tether_tasks
 SET progress = %(progress)s::jsonb, progress_at = now(), updated_at = now()
-WHERE id = %(id)s AND status = 'RUNNING' AND attempt = %(attempt)s
+WHERE id = %(id)s AND status COLLATE "C" = 'RUNNING' AND attempt = %(attempt)s
   AND claimed_by_worker_id = %(worker_id)s
 RETURNING id;

@@ -44,7 +44,7 @@ WITH stale AS (
     UPDATE tether_tasks t
     SET status = 'PENDING', claimed_at = NULL, claimed_by_worker_id = NULL, updated_at = now()
     FROM stale
-    WHERE t.id = stale.id AND t.status = 'CLAIMED' AND t.attempt = stale.attempt
+    WHERE t.id = stale.id AND t.status COLLATE "C" = 'CLAIMED' AND t.attempt = stale.attempt
     RETURNING t.id, t.name, t.queue, t.run_at, t.attempt, stale.claimed_by_worker_id, stale.silent_s
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
@@ -145,29 +145,3 @@ WHERE t.status = 'RUNNING'
   AND greatest(t.started_at, t.progress_at, hb.last) < now() - %(threshold)s::interval
 ORDER BY t.started_at, t.id
 LIMIT %(limit)s;
-
--- name: prune_heartbeats
-DELETE FROM tether_heartbeats WHERE id IN (
-    SELECT id FROM tether_heartbeats WHERE sent_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_worker_states
-DELETE FROM tether_worker_states WHERE id IN (
-    SELECT id FROM tether_worker_states WHERE captured_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_workers
--- Registry rows of workers stopped or inactive for longer than the snapshot retention.
-DELETE FROM tether_workers WHERE id IN (
-    SELECT id FROM tether_workers
-    WHERE status <> 'active' AND updated_at < now() - %(age)s::interval LIMIT %(limit)s);
-
--- name: prune_terminal_tasks
--- Attempts go with their task (ON DELETE CASCADE). Workflow steps' tasks go
--- with their workflow (prune_workflows), never while it may still need them.
--- The status again on the row itself: a task retried by hand after this statement's
--- snapshot is re-checked once its lock is granted, and kept.
-DELETE FROM tether_tasks WHERE id IN (
-    SELECT id FROM tether_tasks
-    WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
-      AND updated_at < now() - %(age)s::interval AND workflow_id IS NULL
-    LIMIT %(limit)s)
-  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED');
