@@ -292,3 +292,31 @@ def test_keys_take_turns_one_task_per_claim_over_more_keys_than_a_window(
         ).fetchall()
     ]
     assert row == {"fair": True}, " ".join(keys)
+
+
+@pytest.mark.timeout(120)
+def test_limits_set_by_hand_reach_running_workers_at_once(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    """The plain claim skips a queue from the commit of its limits on; the workers, told on
+    tether_control, take it with the limited claim at once, not at their 60 s look."""
+    from tests.cli_support import run
+
+    limited = load_app_module("limited", database_url)
+    _start(workers, 1)
+    warm = [h.id for h in limited.plain_work.send_many([(0.0,)] * 4)]
+    wait_until(lambda: _count(db, warm) == 4, timeout=30, message="unlimited default queue")
+    run(database_url, "queue", "limit", "default", "--max-in-flight", "1")
+    with InFlightSampler(direct_url, "default") as sampler:
+        ids = [h.id for h in limited.plain_work.send_many([(0.05,)] * 12)]
+        wait_until(
+            lambda: _count(db, ids) == 12, timeout=10, interval=0.05, message="12 tasks, one at a time"
+        )
+    assert sampler.max_total == 1
+    run(database_url, "queue", "unlimit", "default")
+    with InFlightSampler(direct_url, "default") as sampler:
+        ids = [h.id for h in limited.plain_work.send_many([(0.2,)] * 8)]
+        wait_until(
+            lambda: _count(db, ids) == 8, timeout=10, interval=0.05, message="8 tasks, unlimited again"
+        )
+    assert sampler.max_total > 1

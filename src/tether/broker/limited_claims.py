@@ -18,9 +18,6 @@ from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn, Row
 from tether.limits import QueueLimits
 
-#: Rows of a keyed queue's head the claim looks through for tasks without a key.
-UNKEYED_WINDOW = 256
-
 
 @dataclass(slots=True)
 class KeyCursor:
@@ -82,7 +79,7 @@ async def claim_limited(
                 "queue": queue,
                 "keys": keys,
                 "unkeyed": cursor.unkeyed,
-                "unkeyed_window": UNKEYED_WINDOW,
+                "unkeyed_window": window,
                 "limit": wanted,
                 "other_limit": limit,
                 "async_limit": async_limit,

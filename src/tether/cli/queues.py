@@ -231,7 +231,11 @@ def limit(
         raise click.UsageError(str(exc)) from None
     broker = common.open_broker(database_url)
     changed = broker.run(lambda conn: limited_claims.set_limits(conn, name, limits, by or common.who_asks()))
-    click.echo(f"queue {name}: limits {'set' if changed else 'unchanged'}; workers apply them within 2 s")
+    click.echo(
+        f"queue {name}: limits set; claims apply them from now on"
+        if changed
+        else f"queue {name}: limits unchanged"
+    )
     _warn_if_unknown(broker, name)
 
 
@@ -239,7 +243,7 @@ def limit(
 @name_argument
 @common.db_option
 def unlimit(name: str, database_url: str | None) -> None:
-    """Remove queue NAME's limits: the plain claim takes it again (workers notice within 2 s)."""
+    """Remove queue NAME's limits: the plain claim takes it again (workers are told at once)."""
     broker = common.open_broker(database_url)
     if broker.run(lambda conn: limited_claims.drop_limits(conn, name)):
         click.echo(f"queue {name}: limits removed")

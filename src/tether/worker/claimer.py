@@ -75,6 +75,12 @@ class Claimer:
         self.limited = limited
         self._limited_waits_for_child = False  # the last limited claim found no idle child
 
+    def limits_changed(self) -> None:
+        """A queue of this worker got, changed or lost its limits: look at them at the next claim."""
+        if self.limited is not None:
+            self.limited.expire()
+        self.triggers.work_may_wait()
+
     def skip_name(self, name: str) -> None:
         """Another live worker runs ``name`` and this one cannot (a rolling deploy): leave it to them."""
         self._skip_names[name] = time.monotonic() + SKIP_NAME_FOR_S

@@ -3,8 +3,9 @@ queues take the limited claim, and claiming from them in turn.
 
 Which queues are limited is the database's to say (tether_queue_limits): the plain claim
 skips them whatever this worker believes, so a worker that has not yet noticed a new limit
-only claims nothing from that queue until its next look (every REFRESH_S). At its first
-look the worker writes the limits its app declares.
+only claims nothing from that queue until its next look: at once when told (a change
+notifies tether_control), else within REFRESH_S. At its first look the worker writes the
+limits its app declares.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from tether.limits import QueueLimits
 
 log = logging.getLogger("tether.worker.limited_claimer")
 
-REFRESH_S = 2.0  # how often the worker reads which of its queues are limited
+# How often the worker reads which of its queues are limited, when not told: a change of
+# limits notifies tether_control ('limits <queue>'), and the worker looks at once. Rare, so
+# that an idle worker stays at one round trip per poll (tests/integration/test_idle_cost.py).
+REFRESH_S = 60.0
 UNKEYED_LOOK_S = 1.0  # a keyed queue is looked at for tasks without a key at least this often
 # A claim that found no key with room in a full window looks at the next window at once, up
 # to this many windows in a row; past that, the next notification or poll.
@@ -75,8 +79,13 @@ class LimitedClaimer:
             return self.queues
         return [q for q in self.queues if q not in self.limited]
 
+    def expire(self) -> None:
+        """Read which queues are limited at the next claim (told of a change)."""
+        self._next_refresh = 0.0
+
     async def refresh(self) -> None:
-        """Every REFRESH_S: which queues are limited (first: write the declared limits)."""
+        """Every REFRESH_S, or when told: which queues are limited (first: write the declared
+        limits)."""
         now = time.monotonic()
         if now < self._next_refresh:
             return

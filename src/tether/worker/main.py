@@ -528,7 +528,9 @@ class StartedWorker:
             w.triggers.work_may_wait()
         elif verb == "cancel" and len(arguments) == 2 and arguments[0] == w.worker_id:
             self.cancels.request(arguments[1])
-        elif verb not in ("pause", "resume", "cancel"):
+        elif verb == "limits" and len(arguments) == 1 and arguments[0] in w.queues:
+            self.claimer.limits_changed()  # docs/limits.md: which claim takes the queue
+        elif verb not in ("pause", "resume", "cancel", "limits"):
             log.warning("unknown operator request %r %s on tether_control; ignored", verb, arguments)
 
     # -- what the heartbeat needs (heartbeat.BeatSource) -----------------------------------

@@ -18,6 +18,8 @@
 -- recovery settles its row.
 
 -- name: limited_keys
+-- Its LIMITs are (SELECT %(x)s), values the planner does not see, as in claim_tasks: the
+-- prepared statement then keeps one generic plan instead of planning every claim afresh.
 -- The keys to claim from, locked. Keys are visited round-robin: a window of at most
 -- `window` distinct keys with due work, from just after `cursor` (the end of the previous
 -- window, kept by the worker) wrapping to the start, found by a skip scan of
@@ -59,11 +61,11 @@ from_start (key) AS (
 ),
 key_window AS MATERIALIZED (
     SELECT key, part FROM (
-        (SELECT key, 1 AS part FROM after_cursor WHERE key IS NOT NULL LIMIT %(window)s)
+        (SELECT key, 1 AS part FROM after_cursor WHERE key IS NOT NULL LIMIT (SELECT %(window)s::int))
         UNION ALL
-        (SELECT key, 2 AS part FROM from_start WHERE key IS NOT NULL LIMIT %(window)s)
+        (SELECT key, 2 AS part FROM from_start WHERE key IS NOT NULL LIMIT (SELECT %(window)s::int))
     ) both_parts
-    LIMIT %(window)s
+    LIMIT (SELECT %(window)s::int)
 ),
 heads AS (
     SELECT w.key, w.part, h.priority, h.run_at,
@@ -91,7 +93,7 @@ chosen AS MATERIALIZED (
         -- claim's last key (where the window starts), not the key with the oldest head,
         -- which would be the same key on every claim for as long as its backlog lasts.
         ORDER BY heads.priority DESC, heads.busy / heads.weight, heads.part, heads.key
-        LIMIT %(wanted)s
+        LIMIT (SELECT %(wanted)s::int)
     ) ranked
 )
 SELECT c.key, c.busy, coalesce(c.locked, false) AS locked, e.window_end, e.window_full
@@ -180,7 +182,7 @@ WITH lim AS (
     SELECT s.id FROM tether_tasks s
     WHERE %(unkeyed)s AND s.status = 'PENDING' AND s.queue = %(queue)s AND s.run_at <= now()
     ORDER BY s.priority DESC, s.run_at, s.id
-    LIMIT %(unkeyed_window)s
+    LIMIT (SELECT %(unkeyed_window)s::int)
 ), unkeyed AS (
     SELECT x.id, x.priority, x.run_at, x.name,
            row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id)::float8 AS turn,
@@ -194,7 +196,7 @@ WITH lim AS (
           AND (t.good_until IS NULL OR t.good_until > now())
           AND t.name <> ALL(%(skip_names)s::text[])
         ORDER BY t.priority DESC, t.run_at, t.id
-        LIMIT %(limit)s
+        LIMIT (SELECT %(limit)s::int)
         FOR UPDATE OF t SKIP LOCKED
     ) x
 ), candidates AS (
@@ -273,6 +275,8 @@ ORDER BY l.queue;
 
 -- name: set_queue_limits
 -- Declare (or replace) a queue's limits. The tokens start full when the rate changes.
+-- A change tells the workers ('limits <queue>' on tether_control): they look at once.
+WITH written AS (
 INSERT INTO tether_queue_limits AS l (queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst,
                                       key_weights, set_by)
 VALUES (%(queue)s, %(max_in_flight)s, %(per_key)s, %(rate_limit)s, %(rate_period_ms)s, %(burst)s,
@@ -290,10 +294,12 @@ SET max_in_flight = EXCLUDED.max_in_flight, per_key = EXCLUDED.per_key,
 WHERE (l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst, l.key_weights)
       IS DISTINCT FROM (EXCLUDED.max_in_flight, EXCLUDED.per_key, EXCLUDED.rate_limit,
                         EXCLUDED.rate_period_ms, EXCLUDED.burst, EXCLUDED.key_weights)
-RETURNING queue;
+RETURNING queue
+)
+SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM written;
 
 -- name: drop_queue_limits
--- The queue is no longer flow-controlled: the plain claim takes it again. Waiting workers
--- are told at once.
+-- The queue is no longer flow-controlled: the plain claim takes it again. Workers are told
+-- at once (they look again at their limits, and claim).
 WITH gone AS (DELETE FROM tether_queue_limits WHERE queue = %(queue)s RETURNING queue)
-SELECT queue, pg_notify('tether_work', queue || ' ' || extract(epoch FROM now())::text) AS told FROM gone;
+SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM gone;
