@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from tether.broker import PostgresBroker, notifications
 from tether.broker.types import DatabaseError
+from tether.db import read_only
 
 log = logging.getLogger("tether.result_listener")
 
@@ -61,6 +62,7 @@ class ResultListener:
         while not self._stop.is_set():
             try:
                 with self._broker.connect_listener() as conn:
+                    refusals = read_only.refusals()
                     notifications.listen(conn, notifications.DONE_CHANNEL)
                     self.listening.set()
                     # What finished before LISTEN took effect notified nobody (the first
@@ -70,6 +72,10 @@ class ResultListener:
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=1.0):
                             self._wake(note.payload)
+                        if read_only.refusals() > refusals:
+                            # This process met a read-only server (a failover): this session
+                            # may sit on the old primary, where nothing new is announced.
+                            raise read_only.ServerReadOnlyError("a failover was seen by this process")
                         with self._lock:
                             if not self._waiters:
                                 # Nobody waits: let the thread and its connection go.

@@ -18,6 +18,7 @@ import time
 import uuid
 
 import psycopg
+import psycopg.errors
 
 from tests.apps.support import machinery_url
 from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
@@ -66,7 +67,8 @@ def ledger(token: str) -> int:
                 "SELECT count(*) FROM tether_chaos_ledger WHERE token = %s", (token,)
             ).fetchone()
             return int(row[0]) if row else 0
-        except psycopg.OperationalError:
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
+            # Lost, or the server turned read-only (test_read_only_primary.py): write again.
             if _conn is not None:
                 _conn.close()
             if time.monotonic() > deadline:

@@ -37,6 +37,7 @@ from tether.broker.recovery import StaleTask
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, listen_url, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
+from tether.db.read_only import PrimaryCursor, ServerReadOnlyError
 
 log = logging.getLogger("tether.broker")
 
@@ -112,6 +113,7 @@ class PostgresBroker:
         return {
             "autocommit": True,
             "row_factory": dict_row,
+            "cursor_factory": PrimaryCursor,  # a read-only server is a lost connection (db/read_only.py)
             **connect_kwargs(self.config),
         }
 
@@ -201,6 +203,7 @@ class PostgresBroker:
         """``attempt(conn, repeat)`` until one returns: again on another pooled connection while
         the one it had turns out dead (``repeat`` is True from the second attempt on)."""
         lost = False
+        last: BaseException = RuntimeError("every pooled connection was dead")
         # Every connection in the pool may have died together: each dead one is
         # discarded on its way back, so at most pool_max_size of them can fail.
         for _ in range(self.config.pool_max_size + 1):
@@ -216,13 +219,16 @@ class PostgresBroker:
                     except psycopg.OperationalError as exc:
                         if not (conn.broken or conn.closed):
                             raise
-                        lost = True
-                        log.warning("a pooled connection was dead (%s); retrying on another", exc)
+                        lost, last = True, exc
+                        if isinstance(exc, ServerReadOnlyError):  # said by db/read_only.py
+                            log.debug("a pooled connection's server is read-only; retrying on another")
+                        else:
+                            log.warning("a pooled connection was dead (%s); retrying on another", exc)
             except PoolTimeout as exc:
                 raise unreachable(self.url, exc) from exc
             except psycopg.OperationalError as exc:
                 raise unreachable(self.url, exc) from exc
-        raise unreachable(self.url, RuntimeError("every pooled connection was dead"))
+        raise unreachable(self.url, last)
 
     # -- the seed's manual recovery (docs/internals.md "The seed contract") ----------
     # Async as in the seed documents, with sync twins: thin doors to manual_recovery, which

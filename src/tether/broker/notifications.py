@@ -13,6 +13,7 @@ from typing import Final, LiteralString
 
 from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn
+from tether.db import read_only
 
 WORK_CHANNEL: Final = "tether_work"
 DONE_CHANNEL: Final = "tether_done"
@@ -28,17 +29,30 @@ _LISTEN: dict[str, LiteralString] = {
 
 
 def listen(conn: Conn, channel: str) -> None:
+    """LISTEN on ``channel``; on a server that is not a writable primary (a standby, or a
+    primary turned read-only in a failover), close ``conn`` and raise ServerReadOnlyError:
+    what is sent to the primary is not announced there."""
     conn.execute(_LISTEN[channel])
+    row = conn.execute(q("session_read_only")).fetchone()
+    if row is not None and row["read_only"]:
+        error = read_only.refused(conn, "the listener's session is read-only")
+        conn.close()
+        raise error
 
 
 async def listen_worker_async(conn: AsyncConn) -> float:
     """A worker's listener: new work, schedule changes and operators' requests, in one round
     trip; returns the server's wall clock (seconds since the epoch), which tether_work's
-    run_at is read against."""
+    run_at is read against. On a server that is not a writable primary it closes ``conn`` and
+    raises ServerReadOnlyError."""
     cursor = await conn.execute(q("listen_worker"))
     while cursor.nextset():  # past the LISTENs' results, to the clock's
         pass
     row = await cursor.fetchone()
     if row is None:  # a SELECT without FROM always returns its one row
         raise RuntimeError("listen_worker returned no clock")
+    if row["read_only"]:  # not the primary: what is sent there is not announced here
+        error = read_only.refused(conn, "the listener's session is read-only")
+        await conn.close()
+        raise error
     return float(row["epoch"])

@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from tether.broker.types import AsyncConn, OperationalError
 from tether.config import AppConfig
 from tether.db.connection import worker_connection_options
+from tether.db.read_only import AsyncPrimaryCursor
 
 log = logging.getLogger("tether.worker.pool")
 
@@ -38,7 +39,7 @@ class WorkerPool:
             url,
             min_size=MIN_SIZE,
             max_size=MAX_SIZE,
-            kwargs=worker_connection_options(config, "worker"),
+            kwargs={**worker_connection_options(config, "worker"), "cursor_factory": AsyncPrimaryCursor},
             timeout=self.timeout,
             name="tether-worker",
             open=False,

@@ -12,6 +12,7 @@ from psycopg.rows import dict_row
 
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig, mask_url
 from tether.db import refusals
+from tether.db.read_only import AsyncPrimaryCursor, PrimaryCursor, ServerReadOnlyError
 from tether.errors import DatabaseUnreachableError
 
 log = logging.getLogger("tether.db")
@@ -118,7 +119,11 @@ class DedicatedConnection:
         """The open connection; a new one if there is none or it was lost."""
         if self._conn is None or self._conn.closed:
             try:
-                self._conn = psycopg.connect(self.url, **worker_connection_options(self.config, self.role))
+                self._conn = psycopg.connect(
+                    self.url,
+                    cursor_factory=PrimaryCursor,
+                    **worker_connection_options(self.config, self.role),
+                )
             except psycopg.OperationalError as exc:
                 refusals.connect_failed(exc, self.role)
                 raise
@@ -140,12 +145,15 @@ class DedicatedConnection:
 
 
 class AsyncDedicatedConnection:
-    """DedicatedConnection for the jobs on the worker's event loop: the heartbeat, the work listener."""
+    """DedicatedConnection for the jobs on the worker's event loop: the heartbeat, the work listener.
 
-    def __init__(self, url: str, config: AppConfig, role: str) -> None:
+    ``tcp``: TCP settings that replace TCP_SETTINGS' (the listener's are tighter)."""
+
+    def __init__(self, url: str, config: AppConfig, role: str, tcp: dict[str, int] | None = None) -> None:
         self.url = url
         self.config = config
         self.role = role
+        self.tcp = tcp or {}
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
 
     async def get(self) -> psycopg.AsyncConnection[dict[str, Any]]:
@@ -153,7 +161,9 @@ class AsyncDedicatedConnection:
         if self._conn is None or self._conn.closed:
             try:
                 self._conn = await psycopg.AsyncConnection.connect(
-                    self.url, **worker_connection_options(self.config, self.role)
+                    self.url,
+                    cursor_factory=AsyncPrimaryCursor,
+                    **{**worker_connection_options(self.config, self.role), **self.tcp},
                 )
             except psycopg.OperationalError as exc:
                 refusals.connect_failed(exc, self.role)
@@ -180,6 +190,12 @@ def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:
 
 def unreachable(url: str, exc: BaseException) -> DatabaseUnreachableError:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, ServerReadOnlyError):
+        return DatabaseUnreachableError(
+            f"cannot write to PostgreSQL at {mask_url(url)}: {reason}. Nothing was written; "
+            "try again once a primary answers (a multi-host URL with "
+            "target_session_attrs=read-write finds it: docs/high-availability.md)."
+        )
     return DatabaseUnreachableError(
         f"cannot connect to PostgreSQL at {mask_url(url)}: {reason}. "
         "Check TETHER_DATABASE_URL (or PostgresConfig.database_url) and that the server is up."
@@ -189,7 +205,13 @@ def unreachable(url: str, exc: BaseException) -> DatabaseUnreachableError:
 def connect(url: str, config: PostgresConfig, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     """A plain sync connection (dict rows). Raises DatabaseUnreachableError naming the masked URL."""
     try:
-        return psycopg.connect(url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config))
+        return psycopg.connect(
+            url,
+            autocommit=autocommit,
+            row_factory=dict_row,
+            cursor_factory=PrimaryCursor,
+            **connect_kwargs(config),
+        )
     except psycopg.OperationalError as exc:
         raise unreachable(url, exc) from exc
 
@@ -199,7 +221,11 @@ async def connect_async(
 ) -> psycopg.AsyncConnection[Any]:
     try:
         return await psycopg.AsyncConnection.connect(
-            url, autocommit=autocommit, row_factory=dict_row, **connect_kwargs(config)
+            url,
+            autocommit=autocommit,
+            row_factory=dict_row,
+            cursor_factory=AsyncPrimaryCursor,
+            **connect_kwargs(config),
         )
     except psycopg.OperationalError as exc:
         raise unreachable(url, exc) from exc

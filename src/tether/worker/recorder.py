@@ -26,6 +26,7 @@ from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
 from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
 from tether.db.connection import DedicatedConnection
+from tether.db.read_only import ServerReadOnlyError
 from tether.log_fields import about_task
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskStatus
@@ -71,7 +72,7 @@ class Recorder:
         """
         backoff = Backoff(0.05, 2.0)
         deadline = time.monotonic() + self.give_up_after_s
-        retried = unreachable = False
+        retried = unreachable = refused_before = False
         with self._lock:
             while True:
                 conn: Conn | None = None
@@ -98,8 +99,16 @@ class Recorder:
                         raise
                     delay = backoff.next()
                     if conn is not None:  # it broke under the statement
-                        log.warning(
-                            "database connection lost during %s (%s); retrying in %.2fs", what, exc, delay
+                        # A read-only server (a failover) refuses every try until a primary
+                        # answers: one WARNING per statement, the further tries at DEBUG.
+                        quiet = isinstance(exc, ServerReadOnlyError) and refused_before
+                        refused_before = refused_before or isinstance(exc, ServerReadOnlyError)
+                        log.log(
+                            logging.DEBUG if quiet else logging.WARNING,
+                            "database connection lost during %s (%s); retrying in %.2fs",
+                            what,
+                            exc,
+                            delay,
                         )
                     else:  # no new one could be opened: the database is still away
                         log.log(

@@ -23,6 +23,7 @@ from psycopg import Notify
 from tether.broker import notifications
 from tether.broker.types import AsyncConn
 from tether.config import AppConfig
+from tether.db import read_only
 from tether.db.connection import AsyncDedicatedConnection
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
@@ -31,8 +32,21 @@ log = logging.getLogger("tether.worker.work_listener")
 
 # How long one tick waits for notifications. Nothing goes on the wire while it waits, and a
 # notification that arrives between two ticks is kept by psycopg for the next one, so the
-# length changes nothing but how often the runner's loop turns while the worker is idle.
-LISTEN_FOR_S = 60.0
+# length changes nothing but how often the runner's loop turns while the worker is idle, and
+# how soon a tick sees that another connection of this process met a read-only server.
+LISTEN_FOR_S = 5.0
+
+#: TCP keepalives of the listener's connection, tighter than every other's (db/connection.py
+#: TCP_SETTINGS): it only receives, so a server or a link gone dead shows only through them.
+#: Idle 2 s, then 3 probes 1 s apart: a dead connection is closed about 5 s after its last
+#: packet (docs/high-availability.md). Probes are TCP segments, not statements: no cost to
+#: the server's executor, one small packet a second each way per idle worker.
+LISTENER_TCP: dict[str, int] = {
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5_000,
+}
 
 #: How much of its worker's id a listener's connection name keeps: 'tether-listener ' and
 #: these make 63 bytes, all an application_name holds, and the end of the id (pid and
@@ -99,7 +113,7 @@ class WorkListener(Service):
         worker_id: str | None = None,
     ) -> None:
         super().__init__(Backoff(0.1, 5.0))
-        self.connection = AsyncDedicatedConnection(url, config, listener_role(worker_id))
+        self.connection = AsyncDedicatedConnection(url, config, listener_role(worker_id), LISTENER_TCP)
         self.queues = queues
         self.on_work = on_work
         self.on_listening = on_listening
@@ -108,10 +122,19 @@ class WorkListener(Service):
         self.listen_for_s = listen_for_s
         self._listening: AsyncConn | None = None  # the connection that LISTENs
         self.clock = ServerClock()
+        self._refusals = 0  # read_only.refusals() when this connection began listening
 
     async def tick(self) -> float:
         conn = self._listening
+        if conn is not None and read_only.refusals() > self._refusals:
+            # Another connection of this process met a read-only server (a failover): this
+            # one may sit on the old primary, where nothing new is announced. Listen anew
+            # against the URL (the LISTEN checks where it lands).
+            log.warning("work listener: a failover was seen by this process; listening anew")
+            self._listening = conn = None
+            await self.connection.close()
         if conn is None or conn.closed:
+            self._refusals = read_only.refusals()
             conn = await self.connection.get()
             self.clock.read(await notifications.listen_worker_async(conn))
             self._listening = conn
