@@ -86,9 +86,7 @@ class Producer(threading.Thread):
 # Its own servers: the outcome does not depend on the session's (one run, not two).
 @pytest.mark.server_agnostic
 @pytest.mark.timing
-def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(
-    pair: HaPair, tmp_path: Path
-) -> None:
+def test_a_promoted_standby_takes_over_with_nothing_acknowledged_lost(pair: HaPair, tmp_path: Path) -> None:
     from tests.apps.chaos import LEDGER_DDL, build
 
     with psycopg.connect(pair.primary.url("postgres"), autocommit=True) as c:

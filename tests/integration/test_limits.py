@@ -320,3 +320,35 @@ def test_limits_set_by_hand_reach_running_workers_at_once(
             lambda: _count(db, ids) == 8, timeout=10, interval=0.05, message="8 tasks, unlimited again"
         )
     assert sampler.max_total > 1
+
+
+@pytest.mark.timeout(120)
+def test_key_weights_share_the_turns(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    """Weight 3 against weight 1: of the first 20 tasks started, the heavy key has about 15."""
+    from tests.cli_support import run
+
+    def fair(key: str) -> Any:
+        return limited.plain_work.with_options(queue="fair", concurrency_key=key)
+
+    limited = load_app_module("limited", database_url)
+    workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
+    wait_until(
+        lambda: db.execute("SELECT count(*) AS n FROM tether_queue_limits WHERE queue = 'fair'").fetchone()[
+            "n"
+        ],
+        message="the worker to declare its limits",
+    )
+    run(database_url, "queue", "limit", "fair", "--weight", "heavy=3")
+    ids = [h.id for h in fair("light").send_many([(0.0,)] * 40)] + [
+        h.id for h in fair("heavy").send_many([(0.0,)] * 40)
+    ]
+    wait_until(lambda: _count(db, ids) == 80, timeout=90, interval=0.1, message="80 tasks")
+    first = [
+        r["concurrency_key"]
+        for r in db.execute(
+            "SELECT concurrency_key FROM tether_tasks WHERE id = ANY(%s) ORDER BY started_at LIMIT 20", (ids,)
+        ).fetchall()
+    ]
+    assert 13 <= first.count("heavy") <= 17, first

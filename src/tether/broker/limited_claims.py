@@ -23,8 +23,12 @@ from tether.limits import QueueLimits
 class KeyCursor:
     """Where a worker's round-robin over one queue's keys stands, and what it last saw."""
 
-    after: str = ""  # the last key of the previous window ("" : from the start)
+    after: str = ""  # the next claim reads keys after this one ("": from the start)
     unkeyed: bool = True  # look for tasks without a key (the last look found some, or is old)
+    # Weights across claims: the key served last, how many claims in a row served it, and
+    # the cursor to use to serve it again (just before it) while that is under its weight.
+    streak_key: str | None = None
+    streak: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +61,13 @@ async def claim_limited(
     transaction."""
     wanted = limit + async_limit
     window = max(32, 4 * wanted)
+    after = cursor.after
     async with conn.transaction():
         cur = await conn.execute(
             q("limited_keys"),
             {
                 "queue": queue,
-                "cursor": cursor.after,
+                "cursor": after,
                 "window": window,
                 "wanted": wanted,
                 "skip_names": skip_names,
@@ -70,6 +75,7 @@ async def claim_limited(
         )
         rows = await cur.fetchall()
         keys = [r["key"] for r in rows if r["key"] is not None and r["locked"]]
+        weights = {r["key"]: r["weight"] for r in rows if r["key"] is not None}
         contended = any(r["key"] is not None and not r["locked"] for r in rows)
         more_keys = bool(rows and rows[0]["window_full"])
         window_end = (rows[0]["window_end"] or "") if more_keys else cursor.after
@@ -95,10 +101,31 @@ async def claim_limited(
     # With none taken, after this window when more keys lie beyond it, else where it was (a
     # claim with no room for the keys' kind of task must not lose the turn).
     served = {row["concurrency_key"] for row in claimed if row["id"] is not None}
-    cursor.after = next((k for k in reversed(keys) if k in served), window_end)
+    last = next((k for k in reversed(keys) if k in served), None)
+    _move_cursor(cursor, after, keys, last, weights.get(last or "", 1.0), window_end)
     if cursor.unkeyed:
         cursor.unkeyed = bool(claimed and claimed[0]["unkeyed_seen"])
     return LimitedClaim(tasks, contended, more_keys, keys)
+
+
+def _move_cursor(
+    cursor: KeyCursor, after: str, keys: list[str], last: str | None, weight: float, window_end: str
+) -> None:
+    """Where the next claim starts: after ``last`` (the last key, in turn, this claim served),
+    or just before it again while claims in a row that served it are fewer than its weight
+    (a key of weight 3 is served by 3 claims of one task for every 1 of a key of weight 1).
+    With none served, after this window when more keys lie beyond it, else where it was."""
+    if last is None:
+        cursor.after = window_end
+        return
+    cursor.streak = cursor.streak + 1 if last == cursor.streak_key else 1
+    cursor.streak_key = last
+    if cursor.streak < weight:
+        place = keys.index(last)
+        cursor.after = keys[place - 1] if place > 0 else after
+    else:
+        cursor.after, cursor.streak = last, 0
+        cursor.streak_key = None
 
 
 async def limited_queues(conn: AsyncConn, queues: list[str]) -> dict[str, float | None]:

@@ -84,19 +84,21 @@ heads AS (
     ) h
 ),
 chosen AS MATERIALIZED (
-    SELECT ranked.key, ranked.part, ranked.busy,
+    SELECT ranked.key, ranked.part, ranked.busy, ranked.weight,
            pg_try_advisory_xact_lock(hashtextextended(%(queue)s || chr(31) || ranked.key, 0)) AS locked
     FROM (
-        SELECT heads.key, heads.part, heads.busy FROM heads, queue_lock
+        SELECT heads.key, heads.part, heads.busy, heads.weight FROM heads, queue_lock
         WHERE queue_lock.per_key IS NULL OR heads.busy < queue_lock.per_key
         -- Round-robin: among keys of one priority and load, the first after the previous
         -- claim's last key (where the window starts), not the key with the oldest head,
         -- which would be the same key on every claim for as long as its backlog lasts.
-        ORDER BY heads.priority DESC, heads.busy / heads.weight, heads.part, heads.key
+        -- Load in whole rounds (a key of weight w takes w tasks a round), so that keys a
+        -- round apart do not reorder the turn by fractions.
+        ORDER BY heads.priority DESC, floor(heads.busy / heads.weight), heads.part, heads.key
         LIMIT (SELECT %(wanted)s::int)
     ) ranked
 )
-SELECT c.key, c.busy, coalesce(c.locked, false) AS locked, e.window_end, e.window_full
+SELECT c.key, c.busy, c.weight, coalesce(c.locked, false) AS locked, e.window_end, e.window_full
 FROM (
     SELECT (SELECT key FROM key_window ORDER BY part DESC, key DESC LIMIT 1) AS window_end,
            (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
@@ -155,7 +157,9 @@ WITH lim AS (
     SELECT (%(limit)s + coalesce(sum(busy), 0))::float8 / greatest(coalesce(sum(weight), 1), 0.001) AS turn
     FROM keys
 ), keyed AS (
-    SELECT c.id, c.priority, c.run_at, c.name, (keys.busy + c.nth)::float8 / keys.weight AS turn,
+    -- The round a row would run in: a key of weight w takes w rows a round (ceil), so every
+    -- key's first row shares round 1 and their order is the turn (place), not the weight.
+    SELECT c.id, c.priority, c.run_at, c.name, ceil((keys.busy + c.nth)::float8 / keys.weight) AS turn,
            keys.place,
            -- the same rule per key: prefetched only while the key stays within half its limit
            keys.per_key IS NULL OR 2 * (keys.busy + c.nth) <= keys.per_key AS may_wait
