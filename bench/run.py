@@ -35,6 +35,7 @@ from bench.apps import make_app
 from bench.async_tasks import ASYNC_SCENARIOS
 from bench.held_horizon import HELD_HORIZON_SCENARIOS
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
+from bench.limits import LIMITS_SCENARIOS
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.retention_pace import RETENTION_SCENARIOS
@@ -54,6 +55,7 @@ SCENARIOS = {
     **ASYNC_SCENARIOS,
     **HELD_HORIZON_SCENARIOS,
     **RETENTION_SCENARIOS,
+    **LIMITS_SCENARIOS,
 }
 
 

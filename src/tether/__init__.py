@@ -12,6 +12,7 @@ from tether.config import (
 )
 from tether.current import RunningTask, current_task
 from tether.handle import AttemptInfo, TaskHandle, TaskInfo
+from tether.limits import QueueLimits
 from tether.progress import report_progress, report_progress_async
 from tether.queue_control import QueueInfo
 from tether.result import (
@@ -42,6 +43,7 @@ __all__ = [
     "Node",
     "PostgresConfig",
     "QueueInfo",
+    "QueueLimits",
     "RecoveryConfig",
     "RetryAnswer",
     "RetryFilter",

@@ -64,12 +64,14 @@ class Tether:
         retry_policy: RetryPolicy | None = None,
         time_limit: float | timedelta | None = None,
         cancel_grace: float | timedelta | None = None,
+        concurrency_key: str | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as the task ``name`` (unique in the app, stable across deploys).
 
         time_limit: how long an attempt may run before its process is killed. cancel_grace:
         how long its code may go on after a cancel was requested before its process is
-        killed (None: the worker's ``cancel_grace_s``, 5 s by default).
+        killed (None: the worker's ``cancel_grace_s``, 5 s by default). concurrency_key: the
+        name of the argument whose value is each send's concurrency key (docs/limits.md).
         """
         check_task_name(name, "task name", TaskDefinitionError)
         if name in self.tasks:
@@ -91,6 +93,7 @@ class Tether:
                 retry_policy=retry_policy,
                 time_limit=check_time_limit(name, time_limit),
                 cancel_grace=check_cancel_grace(name, cancel_grace),
+                concurrency_key_arg=concurrency_key,
             )
             self.tasks[name] = task
             return task

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tether.limits import QueueLimits
 from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
 
@@ -496,6 +497,10 @@ class AppConfig(BaseSettings):
             )
         return value
 
+    # Flow control per queue (docs/limits.md): each worker writes these to the database at
+    # start; the limited claim reads them there, so every worker claims under the same ones.
+    queue_limits: dict[str, QueueLimits] = Field(default_factory=dict)
+
     @field_validator("queues")
     @classmethod
     def _check_queues(cls, value: list[str]) -> list[str]:
@@ -507,6 +512,12 @@ class AppConfig(BaseSettings):
             raise ValueError(
                 f"default_queue {self.default_queue!r} must be one of queues "
                 f"{self.queues}: set default_queue (TETHER_DEFAULT_QUEUE) to one"
+            )
+        undeclared = [q for q in self.queue_limits if q not in self.queues]
+        if undeclared:
+            raise ValueError(
+                f"queue_limits names queue(s) {undeclared} that are not declared; "
+                f"declared queues: {self.queues}"
             )
         unknown = [q for q in self.worker.queues or () if q not in self.queues]
         if unknown:

@@ -377,6 +377,8 @@ def queue_checks(lags: list[QueueLag], t: HealthThresholds) -> list[HealthCheck]
                 detail += "; the queue is paused"
             elif not lag.served:
                 detail += "; no active worker serves this queue"
+            elif lag.limited_in_flight:
+                detail += f"; waiting for its limits ({lag.limited_in_flight} in flight, docs/limits.md)"
         check = _measured(
             "queue_lag",
             lag.queue,
@@ -385,7 +387,9 @@ def queue_checks(lags: list[QueueLag], t: HealthThresholds) -> list[HealthCheck]
             (t.lag_warning_s, t.lag_critical_s),
             detail,
         )
-        if lag.paused:  # an operator's decision: nothing is wrong with it
+        # A pause is an operator's decision, and a wait for a slot of a flow-controlled queue
+        # whose tasks are moving is what its limits ask for: neither is lateness.
+        if lag.paused or (lag.served and lag.limited_in_flight):
             check = dataclasses.replace(check, status=HealthStatus.OK)
         checks.append(check)
     return checks

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueError
+from tether.limits import check_concurrency_key
 from tether.names import check_queue_name
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
@@ -35,6 +36,8 @@ class SendOptions:
     # tasks that have ended (None: only tasks not yet terminal hold the key).
     unique_key: str | None = None
     unique_for: timedelta | None = None
+    # Flow control (docs/limits.md): the key the task's slots are counted under.
+    concurrency_key: str | None = None
 
 
 def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> SendOptions:
@@ -47,6 +50,8 @@ def check_send_options(options: SendOptions, declared_queues: Sequence[str]) -> 
         raise InvalidOptionError(f"durable must be True or False, got {options.durable!r}")
     if options.unique_key is not None:
         check_unique_key(options.unique_key)
+    if options.concurrency_key is not None:
+        check_concurrency_key(options.concurrency_key)
     if options.unique_for is not None:
         check_unique_for(options.unique_for)
         if options.unique_key is None:

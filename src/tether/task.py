@@ -158,6 +158,7 @@ class Task(Sends, Generic[P, R]):
         retry_policy: RetryPolicy | None,
         time_limit: float | None = None,
         cancel_grace: float | None = None,
+        concurrency_key_arg: str | None = None,
     ) -> None:
         self.app = app
         self.name = name
@@ -171,6 +172,13 @@ class Task(Sends, Generic[P, R]):
             raise TaskDefinitionError(
                 f"task {name!r}: parameter {reserved!r} is reserved for send() options; rename it"
             )
+        if concurrency_key_arg is not None and concurrency_key_arg not in self.signature.parameters:
+            raise TaskDefinitionError(
+                f"task {name!r}: concurrency_key names argument {concurrency_key_arg!r}, which the "
+                f"function does not take (signature: {name}{self.signature})"
+            )
+        # The argument whose value is a send's concurrency key (docs/limits.md); None: none.
+        self.concurrency_key_arg = concurrency_key_arg
         self.is_async = inspect.iscoroutinefunction(fn)
         self._shapes: dict[tuple[int, tuple[str, ...]], tuple[str, ...]] = {}
         self._what_args = f"arguments of task {name!r}"
@@ -195,6 +203,7 @@ class Task(Sends, Generic[P, R]):
         unique_key: str | None = None,
         unique_for: timedelta | float | None = None,
         connection: CallerConn | AsyncCallerConn | None = None,
+        concurrency_key: str | None = None,
     ) -> BoundTask:
         """A view of this task that sends with other options; the task itself is unchanged.
 
@@ -202,7 +211,8 @@ class Task(Sends, Generic[P, R]):
         with ``unique_for``, sent within that window); see docs/tasks.md#unique-sends.
         ``connection``: your psycopg 3 connection (AsyncConnection for the async forms) with a
         transaction open; the task is written in that transaction and commits or rolls back
-        with it (docs/transactions.md).
+        with it (docs/transactions.md). ``concurrency_key``: the key the task's slot is counted
+        under in a flow-controlled queue (docs/limits.md).
         """
         if connection is not None:
             connection = check_connection(connection)
@@ -219,10 +229,17 @@ class Task(Sends, Generic[P, R]):
             durable if durable is not None else self.options.durable,
             unique_key,
             None if unique_for is None else check_unique_for(unique_for),
+            concurrency_key if concurrency_key is not None else self.options.concurrency_key,
         )
         return BoundTask(self, self.app.check_options(self.name, opts), connection)
 
     # -- encoding -------------------------------------------------------------
+
+    def bound_argument(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """The value argument ``name`` takes in this call (its default if not given)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments.get(name)
 
     def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
         """Check the call fits the signature, then encode; errors name the task and the argument.

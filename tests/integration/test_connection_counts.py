@@ -74,6 +74,7 @@ def test_a_worker_holds_four_connections_idle_and_one_per_child_that_ran_a_task(
     wait_until(
         lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait for work"
     )
+
     # Idle: its pool's connection, the heartbeat, the work listener, and the one the
     # reaper, the scheduler and startup reconciliation take turns on. No child has one yet.
     # The pool keeps 1, but a busy start (its claim and its waiting registration at once)

@@ -753,3 +753,19 @@ def test_allowed_hosts_add_names_and_beyond_loopback_any_host_needs_the_token(
         assert done.returncode != 0 and f"--allowed-host {bad!r} is not a host name" in done.stderr, (
             done.stderr
         )
+
+
+def test_the_queues_page_shows_limits_with_their_use(basic: ModuleType, db: psycopg.Connection[Any]) -> None:
+    db.execute("INSERT INTO tether_queue_limits (queue, max_in_flight, per_key) VALUES ('low', 4, 2)")
+    task = basic.sleep.with_options(queue="low", concurrency_key="tenant-1").send(0)
+    db.execute("UPDATE tether_tasks SET status = 'RUNNING' WHERE id = %s", (task.id,))
+    server = serve(basic.app.broker)
+    try:
+        code, answer = api(server, "api/queues")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 200
+    [low] = answer["limits"]
+    assert (low["queue"], low["max_in_flight"], low["per_key"], low["in_flight"]) == ("low", 4, 2, 1)
+    assert (low["busiest_key_in_flight"], low["keys_at_limit"], low["rate_limit"]) == (1, 0, None)

@@ -350,3 +350,33 @@ def test_an_unreachable_database_is_critical() -> None:
     )
     assert result.exit_code == 2, result.output
     assert "cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1/none" in result.stderr
+
+
+def test_a_task_waiting_for_a_slot_of_its_limit_is_not_late(
+    database_url: str, basic: ModuleType, db: Conn
+) -> None:
+    """docs/limits.md: a flow-controlled queue whose tasks are moving keeps its due tasks
+    waiting for a slot; that wait is shown, not judged. With nothing in flight it is lag."""
+    db.execute("INSERT INTO tether_queue_limits (queue, max_in_flight) VALUES ('images', 1)")
+    db.execute(
+        "INSERT INTO tether_workers (id, hostname, pid, queues, processes)"
+        " VALUES ('w-1', 'h', 1, '{images}', 1)"
+    )
+    images = basic.add.with_options(queue="images")
+    running, waiting = images.send(1, 1), images.send(2, 2)
+    db.execute("UPDATE tether_tasks SET run_at = now() - interval '90 seconds' WHERE id = %s", (waiting.id,))
+    db.execute(
+        "UPDATE tether_tasks SET status = 'RUNNING', attempt = 1, claimed_by_worker_id = 'w-1' WHERE id = %s",
+        (running.id,),
+    )
+    _, report = health(database_url, "--lag-warning-s", "60", "--lag-critical-s", "120")
+    lag = check(report, "queue_lag", "images")
+    assert (
+        lag["status"] == "ok"
+        and lag["value"] >= 90
+        and "waiting for its limits (1 in flight" in lag["detail"]
+    )
+    # Nothing in flight: the queue is stuck, not held back by its limit.
+    db.execute("UPDATE tether_tasks SET status = 'COMPLETED' WHERE id = %s", (running.id,))
+    _, report = health(database_url, "--lag-warning-s", "60", "--lag-critical-s", "120")
+    assert check(report, "queue_lag", "images")["status"] == "warning"

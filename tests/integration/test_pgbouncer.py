@@ -450,3 +450,38 @@ def test_a_worker_through_pgbouncer_in_session_mode(
     assert f"tether-{listener_role(worker.worker_id or '')}" in listening_sessions(db)
     assert worker.stop() == 0
     assert statuses(db) == {"COMPLETED": 1}
+
+
+def test_limited_claims_hold_their_limits_through_pgbouncer(
+    db: Conn,
+    database_url: str,
+    direct_url: str,
+    through_pgbouncer: Callable[..., dict[str, str]],
+    workers: WorkerFactory,
+) -> None:
+    """docs/limits.md: the limited claim keeps no session state (transaction-level advisory
+    locks, one transaction per claim), so a per-key limit holds through a transaction pooler."""
+    from tests.apps.support import ensure_ledger, load_app_module
+    from tests.limit_sampler import InFlightSampler
+
+    limited = load_app_module("limited", database_url)  # the producer, direct
+    ensure_ledger(db)
+    settings = through_pgbouncer()
+    started = [
+        workers.start("tests.apps.limited:app", "--processes", "3", "--queues", "keyed", env=settings)
+        for _ in range(2)
+    ]
+    with InFlightSampler(direct_url, "keyed") as sampler:
+        ids = [
+            h.id
+            for h in limited.tenant_work.send_many([(f"t{k}", 0.05) for k in range(3) for _ in range(12)])
+        ]
+        wait_until(
+            lambda: statuses(db)["COMPLETED"] == len(ids), timeout=WAIT * 2, interval=0.1, message="36 tasks"
+        )
+    assert max(sampler.max_per_key.values()) == 2, sampler.max_per_key
+    for worker in started:
+        log = worker.log()
+        assert "prepared statement" not in log and "Traceback" not in log, log
+        assert worker.stop() == 0
+    assert advisory_locks(db) == 0

@@ -148,7 +148,10 @@ async def claim_tasks(
             "mark_ids": [m.id for m in after],
         },
     )
-    rows = await cur.fetchall()
+    # In claim order: an UPDATE returns its rows in whatever order its plan met them, and the
+    # worker hands tasks to its children in the order given (a batch sent in one order would
+    # otherwise start in another).
+    rows = sorted(await cur.fetchall(), key=lambda row: (-row["priority"], row["run_at"], row["id"]))
     places = [Place(row["queue"], row["priority"], row["run_at"], str(row["id"])) for row in rows]
     return Claimed(
         [TaskPayload.from_row(row) for row in rows],

@@ -95,6 +95,8 @@ class QueueLag:
     oldest_due_task_id: uuid.UUID | None
     paused: bool
     served: bool  # an active worker serves it
+    # Flow-controlled (docs/limits.md): its tasks in flight now; None: not flow-controlled.
+    limited_in_flight: int | None = None
 
 
 def horizon_holders(conn: Conn) -> list[HorizonHolder]:

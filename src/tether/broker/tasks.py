@@ -7,6 +7,7 @@ A task read whole is a TaskInfo (broker/rows.py), public as ``tether.TaskInfo``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +42,10 @@ class SendSpec:
     # True inside the caller's transaction: NOTIFY whenever due, never take the waiter lock
     # (tasks.sql says why).
     notify_always: bool = False
+    # Flow control (docs/limits.md): the key of every task of the send, or one per task
+    # (a send_many whose task takes its key from an argument; None items: no key).
+    concurrency_key: str | None = None
+    concurrency_keys: tuple[str | None, ...] | None = None
 
     def params(self) -> dict[str, Any]:
         return {
@@ -55,6 +60,7 @@ class SendSpec:
             "run_at": self.run_at,
             "notify_always": self.notify_always,
             "trace_context": tracing.outgoing(),
+            "concurrency_key": self.concurrency_key,
         }
 
 
@@ -85,6 +91,7 @@ def _insert_params(spec: SendSpec, task_id: UUID, args: str, kwargs: str) -> dic
         "run_at": spec.run_at,
         "notify_always": spec.notify_always,
         "trace_context": tracing.outgoing(),
+        "concurrency_key": spec.concurrency_key,
     }
 
 
@@ -127,6 +134,7 @@ def _batches(
             "ids": ",".join(map(str, ids[start:end])),
             "args": "[" + ",".join(args[start:end]) + "]",
             "kwargs": "[" + ",".join(kwargs[start:end]) + "]",
+            "keys": None if spec.concurrency_keys is None else json.dumps(spec.concurrency_keys[start:end]),
         }
 
 

@@ -1,13 +1,17 @@
-"""``tether queues``: every queue with its counts and pause; ``tether queue pause|resume NAME``."""
+"""``tether queues``: every queue with its counts, pause and limits; ``tether queue pause|resume
+NAME``; ``tether queue limit|unlimit NAME`` (docs/limits.md)."""
 
 from __future__ import annotations
 
 import click
+from rich.table import Table
 from rich.text import Text
 
-from tether.broker import PostgresBroker
+from tether.broker import PostgresBroker, limited_claims
 from tether.broker import queues as queue_rows
+from tether.broker.limited_claims import LimitUse
 from tether.cli import common
+from tether.limits import QueueLimits
 from tether.names import check_queue_name
 from tether.queue_control import QueueInfo, list_queues, pause_queue, resume_queue
 from tether.result import TaskStatus
@@ -48,6 +52,9 @@ def queues(database_url: str | None, as_json: bool, app_path: str | None, exact:
     )
     if any(r.estimated for r in rows):
         common.console.print(common.ESTIMATE_NOTE, markup=False, highlight=False)
+    uses = common.open_broker(database_url, app_path).run(limited_claims.limit_uses)
+    if uses:
+        common.console.print(limits_table(uses))
     # Since when and by whom under the table, one line each: the table stays narrow.
     for r in rows:
         if r.paused:
@@ -56,6 +63,34 @@ def queues(database_url: str | None, as_json: bool, app_path: str | None, exact:
                 markup=False,
                 highlight=False,
             )
+
+
+def limits_table(uses: list[LimitUse]) -> Table:
+    """The flow-controlled queues: each limit with its use now ("in use / limit")."""
+    return common.table(
+        "Limits (docs/limits.md)",
+        ["queue", "in flight", "per key", "busiest key", "keys at limit", "rate", "tokens", "weights"],
+        [
+            [
+                u.queue,
+                f"{u.in_flight} / {u.limits.max_in_flight}" if u.limits.max_in_flight else str(u.in_flight),
+                str(u.limits.per_key or ""),
+                str(u.busiest_key_in_flight) if u.keys_in_flight else "",
+                str(u.keys_at_limit) if u.limits.per_key else "",
+                _rate(u.limits),
+                "" if u.tokens is None else f"{u.tokens:.1f}",
+                ", ".join(f"{k}={w:g}" for k, w in sorted(u.limits.key_weights.items())),
+            ]
+            for u in uses
+        ],
+    )
+
+
+def _rate(limits: QueueLimits) -> str:
+    if limits.rate_limit is None:
+        return ""
+    burst = f", burst {limits.burst}" if limits.burst else ""
+    return f"{limits.rate_limit} per {limits.rate_period_s:g}s{burst}"
 
 
 def _state(row: QueueInfo) -> Text:
@@ -140,3 +175,77 @@ def resume(name: str, by: str | None, database_url: str | None) -> None:
     else:
         click.echo(f"queue {name} was not paused; nothing changed")
         _warn_if_unknown(broker, name)
+
+
+def _weights(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, float]:
+    weights: dict[str, float] = {}
+    for item in value:
+        key, sep, weight = item.rpartition("=")
+        try:
+            weights[key] = float(weight)
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: give KEY=WEIGHT, e.g. tenant-7=2", param=param)
+    return weights
+
+
+@queue.command()
+@name_argument
+@click.option(
+    "--max-in-flight", type=int, default=None, help="At most N tasks of the queue CLAIMED or RUNNING."
+)
+@click.option("--per-key", type=int, default=None, help="At most N in flight per concurrency key.")
+@click.option("--rate", "rate_limit", type=int, default=None, help="At most N claims per --per seconds.")
+@click.option("--per", "rate_period_s", type=float, default=1.0, show_default=True, help="The rate's period.")
+@click.option("--burst", type=int, default=None, help="The rate's bucket (default: --rate).")
+@click.option("--weight", "weights", multiple=True, callback=_weights, help="KEY=WEIGHT in the round-robin.")
+@by_option
+@common.db_option
+def limit(
+    name: str,
+    max_in_flight: int | None,
+    per_key: int | None,
+    rate_limit: int | None,
+    rate_period_s: float,
+    burst: int | None,
+    weights: dict[str, float],
+    by: str | None,
+    database_url: str | None,
+) -> None:
+    """Set queue NAME's limits (replacing any), for every worker at once.
+
+    With no option the queue is still flow-controlled: its keys are served round-robin.
+    A worker whose app declares limits for NAME writes its own when it starts.
+    """
+    try:
+        limits = QueueLimits(
+            max_in_flight=max_in_flight,
+            per_key=per_key,
+            rate_limit=rate_limit,
+            rate_period_s=rate_period_s,
+            burst=burst,
+            key_weights=weights,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    broker = common.open_broker(database_url)
+    changed = broker.run(lambda conn: limited_claims.set_limits(conn, name, limits, by or common.who_asks()))
+    click.echo(
+        f"queue {name}: limits set; claims apply them from now on"
+        if changed
+        else f"queue {name}: limits unchanged"
+    )
+    _warn_if_unknown(broker, name)
+
+
+@queue.command()
+@name_argument
+@common.db_option
+def unlimit(name: str, database_url: str | None) -> None:
+    """Remove queue NAME's limits: the plain claim takes it again (workers are told at once)."""
+    broker = common.open_broker(database_url)
+    if broker.run(lambda conn: limited_claims.drop_limits(conn, name)):
+        click.echo(f"queue {name}: limits removed")
+    else:
+        click.echo(f"queue {name} had no limits; nothing changed")

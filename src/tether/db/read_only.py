@@ -81,9 +81,7 @@ def refusals() -> int:
     return _said.count
 
 
-def refused(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], reason: str
-) -> ServerReadOnlyError:
+def refused(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], reason: str) -> ServerReadOnlyError:
     """Say (at most every SAY_EVERY_S) and count a read-only server met on ``conn``, which the
     caller closes; the error to raise."""
     where = _where(conn)

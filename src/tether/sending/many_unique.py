@@ -57,6 +57,11 @@ class ManyUniqueSend:
         if unique_for is not None:
             window = check_unique_for(unique_for)
         spec, args_list, kwargs_list = basis.encode_items(items, common)
+        if spec.concurrency_keys is not None:
+            raise InvalidOptionError(
+                f"send_many of task {basis.task.name!r} with unique keys takes one concurrency key for "
+                "all items (concurrency_key=...), not one per item from an argument"
+            )
         if unique_keys is None:
             assert held is not None  # tether.task picks this plan only with some key
             keys = [held.key] * len(args_list)

@@ -41,9 +41,12 @@ class OneSend:
     ) -> OneSend:
         """``when``: what schedule() takes (a delay, or an aware datetime to run at)."""
         good_until = basis.call_good_until(kwargs)
+        given_key = basis.call_key(kwargs)
         args_json, kwargs_json = basis.task.encode_arguments(args, kwargs)
+        key = basis.derived_key(given_key, args, kwargs)
         delay, run_at = check_when(when)
-        return cls(basis, basis.row_spec(delay, run_at, good_until), new_task_id(), args_json, kwargs_json)
+        spec = basis.row_spec(delay, run_at, good_until, key)
+        return cls(basis, spec, new_task_id(), args_json, kwargs_json)
 
     def write(self, conn: Conn) -> None:
         tasks.insert_task(conn, self.spec, self.task_id, self.args, self.kwargs)

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from tether import queue_control
-from tether.broker import PostgresBroker, browse, tasks, workers, workflows
+from tether.broker import PostgresBroker, browse, limited_claims, tasks, workers, workflows
+from tether.broker.limited_claims import LimitUse
 from tether.broker.rows import StepInfo
 from tether.broker.types import Conn
 from tether.result import TaskStatus, WorkflowStatus
@@ -170,8 +171,32 @@ def _step(step: StepInfo, nodes: dict[str, int]) -> dict[str, Any]:
 
 def queues_page(broker: PostgresBroker, declared: Sequence[str]) -> dict[str, Any]:
     """``GET /api/queues``: every queue with its counts, oldest due task and pause (the
-    ``declared`` ones, of the app's configuration, even when they have no task)."""
-    return {"queues": queue_control.list_queues(broker, also=declared)}
+    ``declared`` ones, of the app's configuration, even when they have no task), and the
+    flow-controlled ones with their limits and use now (docs/limits.md)."""
+    return {
+        "queues": queue_control.list_queues(broker, also=declared),
+        "limits": [_limit_use(u) for u in broker.run(limited_claims.limit_uses)],
+    }
+
+
+def _limit_use(use: LimitUse) -> dict[str, Any]:
+    lim = use.limits
+    return {
+        "queue": use.queue,
+        "max_in_flight": lim.max_in_flight,
+        "per_key": lim.per_key,
+        "rate_limit": lim.rate_limit,
+        "rate_period_s": lim.rate_period_s if lim.rate_limit else None,
+        "burst": lim.burst,
+        "key_weights": lim.key_weights,
+        "in_flight": use.in_flight,
+        "keys_in_flight": use.keys_in_flight,
+        "busiest_key_in_flight": use.busiest_key_in_flight,
+        "keys_at_limit": use.keys_at_limit,
+        "tokens": use.tokens,
+        "set_by": use.set_by,
+        "updated_at": use.updated_at,
+    }
 
 
 def workers_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:

@@ -54,6 +54,10 @@ class ClaimTriggers:
                 self._timer.cancel()
             self._timer = loop.call_at(when, self._on_timer)
 
+    def look_again_in(self, seconds: float) -> None:
+        """Claim again after ``seconds`` (a rate-limited queue's next token) unless woken before."""
+        self.on_notification(max(seconds, DUE_NOW_S * 2))
+
     def _on_timer(self) -> None:
         self._timer = None
         self.work_may_wait()

@@ -25,6 +25,7 @@ from tether.worker.claim_marks import ClaimMarks
 from tether.worker.claim_triggers import ClaimTriggers
 from tether.worker.holdings import Holdings
 from tether.worker.lanes import Lanes
+from tether.worker.limited_claimer import LimitedClaimer
 from tether.worker.notify_registration import NotifyRegistration
 
 log = logging.getLogger("tether.worker.claimer")
@@ -49,6 +50,7 @@ class Claimer:
         accept: Callable[[list[TaskPayload]], Awaitable[None]],
         may_claim: Callable[[], bool],
         stopping: asyncio.Event,
+        limited: LimitedClaimer | None = None,
     ) -> None:
         self.pool = pool
         self.worker_id = worker_id
@@ -69,6 +71,16 @@ class Claimer:
         self.stopping = stopping  # set: no more claims, the loop returns at its next turn (poke it)
         self.marks = ClaimMarks(triggers.poll_interval_s)
         self._skip_names: dict[str, float] = {}
+        # Flow-controlled queues (docs/limits.md) take their own claim; None: the worker
+        # claims every queue with the plain one.
+        self.limited = limited
+        self._limited_waits_for_child = False  # the last limited claim found no idle child
+
+    def limits_changed(self) -> None:
+        """A queue of this worker got, changed or lost its limits: look at them at the next claim."""
+        if self.limited is not None:
+            self.limited.expire()
+        self.triggers.work_may_wait()
 
     def skip_name(self, name: str) -> None:
         """Another live worker runs ``name`` and this one cannot (a rolling deploy): leave it to them."""
@@ -114,6 +126,8 @@ class Claimer:
         # A claim that found nothing says so only of the kinds it had room for: a kind that
         # had none (its children were full) may find work now that it has room.
         unseen = (self._blind[0] and other > 0) or (self._blind[1] and in_async > 0)
+        if self._limited_waits_for_child and max(self._idle_children()) > 0:
+            unseen = True
         return (other or in_async) > 0 and (self.triggers.maybe_more or unseen) and self.may_claim()
 
     async def claim_once(self) -> int:
@@ -123,40 +137,73 @@ class Claimer:
         self._blind = (self.lanes.both and other == 0, self.lanes.both and in_async == 0)
         told = self.triggers.before_claim()
         skip = self._names_to_skip()
-        marks = self.marks.for_claim()
-        started = time.monotonic()
-        claimed = await self.pool.run(
-            "claiming",
-            lambda c: claims.claim_tasks(
-                c,
-                worker_id=self.worker_id,
-                queues=self.queues,
-                limit=other,
-                skip_names=skip,
-                async_names=self.async_names,
-                async_limit=in_async,
-                after=marks or (),
-            ),
-        )
-        tasks = claimed.tasks
-        hooks.claimed(tasks, time.monotonic() - started)
-        # The claim took all the room it had when some kind filled its room: there may be
-        # more work (with both kinds of child, the rows scanned beyond one kind's room are
-        # left to a later claim). Triggers and registration count it as a full claim.
-        filled = self._took_all(tasks, other, in_async)
-        self.marks.after_claim(
-            claimed,
-            full_read=marks is None,
-            filled=filled,
-            spent_s=time.monotonic() - started,
-            exact=not self.lanes.both,
-        )
+        queues = self.queues
+        if self.limited is not None:
+            await self.limited.refresh()
+            queues = self.limited.plain_queues()
+        tasks: list[TaskPayload] = []
+        filled = False
+        if queues:
+            marks = self.marks.for_claim()
+            started = time.monotonic()
+            claimed = await self.pool.run(
+                "claiming",
+                lambda c: claims.claim_tasks(
+                    c,
+                    worker_id=self.worker_id,
+                    queues=queues,
+                    limit=other,
+                    skip_names=skip,
+                    async_names=self.async_names,
+                    async_limit=in_async,
+                    after=marks or (),
+                ),
+            )
+            tasks = claimed.tasks
+            hooks.claimed(tasks, time.monotonic() - started)
+            # The claim took all the room it had when some kind filled its room: there may be
+            # more work (with both kinds of child, the rows scanned beyond one kind's room are
+            # left to a later claim). Triggers and registration count it as a full claim.
+            filled = self._took_all(tasks, other, in_async)
+            self.marks.after_claim(
+                claimed,
+                full_read=marks is None,
+                filled=filled,
+                spent_s=time.monotonic() - started,
+                exact=not self.lanes.both,
+            )
         took = limit if filled else len(tasks)
+        if self.limited is not None and self.limited.limited and took < limit:
+            # The limited queues get the room the plain claim left (the claim dispatch).
+            in_async_claimed = sum(1 for t in tasks if t.name in self._async_set) if in_async else 0
+            free_other, free_async = self._idle_children()
+            started = time.monotonic()
+            more = await self.limited.claim(
+                other - (len(tasks) - in_async_claimed),
+                in_async - in_async_claimed,
+                free_other + free_async - len(tasks),
+                skip,
+            )
+            hooks.claimed(more.tasks, time.monotonic() - started)
+            tasks = tasks + more.tasks
+            self._limited_waits_for_child = more.waits_for_child
+            if more.look_again_in is not None:
+                self.triggers.look_again_in(more.look_again_in)
+            took = limit if more.maybe_more or self._took_all(tasks, other, in_async) else len(tasks)
         self.triggers.after_claim(took, limit, told)
         await self.accept(tasks)
         if await self.registration.after_claim(took, limit):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
         return len(tasks)
+
+    def _idle_children(self) -> tuple[int, int]:
+        """Room for (other, async-named) tasks in children that would start them now: a limited
+        task is prefetched only while its limits are far from binding (limited_claims.sql)."""
+        lanes, held = self.lanes, self.holdings
+        running_room = lanes.sync_processes, lanes.async_concurrency * lanes.async_processes
+        if not lanes.both:
+            return sum(running_room) - len(held), 0
+        return running_room[0] - held.held("sync"), running_room[1] - held.held("async")
 
     def _took_all(self, claimed: list[TaskPayload], other: int, in_async: int) -> bool:
         in_async_claimed = sum(1 for t in claimed if t.name in self._async_set) if in_async else 0

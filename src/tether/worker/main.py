@@ -50,6 +50,7 @@ from tether.worker.holdings import Holdings
 from tether.worker.identity import Identity, current_identity
 from tether.worker.isolation import Isolation, IsolationWatch
 from tether.worker.lanes import plan_lanes
+from tether.worker.limited_claimer import LimitedClaimer
 from tether.worker.notify_registration import NotifyRegistration
 from tether.worker.reaper import Reaper
 from tether.worker.reconcile import reconcile_host
@@ -311,6 +312,15 @@ class StartedWorker:
             accept=self._accept,
             may_claim=lambda: not self.isolation.isolated,
             stopping=worker.stopping,
+            limited=LimitedClaimer(
+                pool=self.pool,
+                worker_id=me,
+                queues=worker.queues,
+                declared=config.queue_limits,
+                async_names=sorted(name for name, task in worker.app.tasks.items() if task.is_async)
+                if worker.lanes.both
+                else [],
+            ),
         )
         every = interval_s(config.recovery)
         heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every)
@@ -548,7 +558,9 @@ class StartedWorker:
             w.triggers.work_may_wait()
         elif verb == "cancel" and len(arguments) == 2 and arguments[0] == w.worker_id:
             self.cancels.request(arguments[1])
-        elif verb not in ("pause", "resume", "cancel"):
+        elif verb == "limits" and len(arguments) == 1 and arguments[0] in w.queues:
+            self.claimer.limits_changed()  # docs/limits.md: which claim takes the queue
+        elif verb not in ("pause", "resume", "cancel", "limits"):
             log.warning("unknown operator request %r %s on tether_control; ignored", verb, arguments)
 
     # -- what the heartbeat needs (heartbeat.BeatSource) -----------------------------------

@@ -60,6 +60,9 @@ WITH marks AS (
     -- worker, notified or not. The anti-join drops the queue before its scans run.
     SELECT wanted.queue FROM unnest(%(queues)s::text[]) AS wanted (queue)
     WHERE NOT EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = wanted.queue)
+      -- A flow-controlled queue (docs/limits.md) is claimed only by limited_claims.sql,
+      -- which counts the slots in use under a lock: read here in every claim, as the pause.
+      AND NOT EXISTS (SELECT 1 FROM tether_queue_limits l WHERE l.queue = wanted.queue)
 ), marked AS (
     SELECT m.* FROM marks m JOIN open_queues o ON o.queue = m.queue
 ), stretches AS (

@@ -110,7 +110,14 @@ SELECT due.queue,
        due.id AS oldest_due_task_id,
        p.queue IS NOT NULL AS paused,
        EXISTS (SELECT 1 FROM tether_workers w
-               WHERE w.status = 'active' AND due.queue = ANY(w.queues)) AS served
+               WHERE w.status = 'active' AND due.queue = ANY(w.queues)) AS served,
+       -- A flow-controlled queue (docs/limits.md) with tasks in flight: its due tasks wait
+       -- for a slot, which is not lateness. NULL: not flow-controlled.
+       CASE WHEN l.queue IS NOT NULL THEN
+           (SELECT count(*) FROM tether_tasks f
+            WHERE f.queue = due.queue AND f.status IN ('CLAIMED', 'RUNNING'))::int
+       END AS limited_in_flight
 FROM due
 LEFT JOIN tether_paused_queues p ON p.queue = due.queue
+LEFT JOIN tether_queue_limits l ON l.queue = due.queue
 ORDER BY due.queue;

@@ -24,11 +24,12 @@
 -- start is a durable commit, and its flush carries the earlier insert.
 WITH ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, good_until, run_at, enqueued_at, trace_context)
+                              retry_policy, good_until, run_at, enqueued_at, trace_context, concurrency_key)
     SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
-           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(trace_context)s
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(trace_context)s,
+           %(concurrency_key)s::text
     FROM (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
          AS commit_mode
     RETURNING queue, run_at
@@ -42,16 +43,19 @@ WHERE run_at > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_i
 -- zipped back into rows here: far cheaper to ship than 10,000-element arrays.
 WITH ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, good_until, run_at, enqueued_at, trace_context)
+                              retry_policy, good_until, run_at, enqueued_at, trace_context, concurrency_key)
     SELECT u.id::uuid, %(name)s, %(queue)s, %(priority)s, u.args, u.kwargs,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
-           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(trace_context)s
+           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(trace_context)s,
+           coalesce(u.key, %(concurrency_key)s::text)
     FROM ROWS FROM (
         unnest(string_to_array(%(ids)s, ',')),
         jsonb_array_elements(%(args)s::jsonb),
-        jsonb_array_elements(%(kwargs)s::jsonb)
-    ) AS u (id, args, kwargs),
+        jsonb_array_elements(%(kwargs)s::jsonb),
+        -- one key per task (NULL: none, or every task takes concurrency_key); no array: none
+        jsonb_array_elements_text(%(keys)s::jsonb)
+    ) AS u (id, args, kwargs, key),
     -- durable false: as insert_task
     (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
         AS commit_mode

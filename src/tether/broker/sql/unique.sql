@@ -36,12 +36,13 @@ WITH commit_mode AS (
     RETURNING k.task_id
 ), ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, good_until, run_at, enqueued_at, unique_key, trace_context)
+                              retry_policy, good_until, run_at, enqueued_at, unique_key, trace_context,
+                              concurrency_key)
     SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(unique_key)s,
-           %(trace_context)s
+           %(trace_context)s, %(concurrency_key)s::text
     FROM key WHERE key.task_id = %(id)s
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, run_at
@@ -81,12 +82,13 @@ WITH proposed AS (
     RETURNING k.unique_key, k.task_id
 ), ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, good_until, run_at, enqueued_at, unique_key, trace_context)
+                              retry_policy, good_until, run_at, enqueued_at, unique_key, trace_context,
+                              concurrency_key)
     SELECT p.id, %(name)s, %(queue)s, %(priority)s, p.args, p.kwargs,
            %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
            coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), p.unique_key,
-           %(trace_context)s
+           %(trace_context)s, %(concurrency_key)s::text
     FROM proposed p JOIN key ON key.task_id = p.id
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, run_at

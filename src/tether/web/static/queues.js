@@ -1,4 +1,5 @@
-// Queues (#/queues): tasks per status, the oldest due task's wait, pauses; pause and resume.
+// Queues (#/queues): tasks per status, the oldest due task's wait, pauses; pause and resume;
+// the limits of flow-controlled queues with their use now (docs/limits.md).
 import { ESTIMATE_NOTE, badge, countLink, el, link, route, seconds, table, time } from "./dom.js";
 import { getJSON } from "./net.js";
 
@@ -6,7 +7,7 @@ export const refreshMs = 2000;
 const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
 
 export async function render(view, ctx) {
-  const { queues } = await getJSON("api/queues");
+  const { queues, limits } = await getJSON("api/queues");
   const headers = ["queue", "state", ...STATUSES, "oldest due waits"];
   if (ctx.canAct) headers.push("");
   const rows = queues.map(q => {
@@ -33,4 +34,21 @@ export async function render(view, ctx) {
               table(headers, rows, "no queues", { id: "queues" }),
               queues.some(q => q.estimated && q.estimated.length)
                 ? el("p", { class: "muted", id: "queues-estimated", text: ESTIMATE_NOTE }) : "");
+  if (limits && limits.length) {
+    const limitRows = limits.map(l => [
+      l.queue,
+      l.max_in_flight ? `${l.in_flight} / ${l.max_in_flight}` : String(l.in_flight),
+      l.per_key ? String(l.per_key) : "",
+      l.keys_in_flight ? String(l.busiest_key_in_flight) : "",
+      l.per_key ? String(l.keys_at_limit) : "",
+      l.rate_limit ? `${l.rate_limit} per ${l.rate_period_s}s` + (l.burst ? `, burst ${l.burst}` : "") : "",
+      l.tokens === null ? "" : l.tokens.toFixed(1),
+      Object.entries(l.key_weights).map(([k, w]) => `${k}=${w}`).join(", "),
+    ]);
+    view.append(el("h2", { text: "Limits" }),
+                el("p", { class: "muted", text: "Flow-controlled queues: tasks CLAIMED or RUNNING now against " +
+                                                "each limit (tether queue limit NAME sets them)." }),
+                table(["queue", "in flight", "per key", "busiest key", "keys at limit", "rate", "tokens", "weights"],
+                      limitRows, "no limits", { id: "limits" }));
+  }
 }

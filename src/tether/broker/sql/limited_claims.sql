@@ -1,0 +1,309 @@
+-- The limited claim (docs/limits.md): how a worker claims from a flow-controlled queue
+-- (one with a row in tether_queue_limits; the plain claim_tasks leaves such a queue alone).
+--
+-- The slot IS the row: a task holds a slot while its row is CLAIMED or RUNNING, so a
+-- claim counts those rows, under a lock, and takes no more than the room left. Two
+-- statements in one READ COMMITTED transaction (broker/limited_claims.py):
+--   1. limited_keys takes the locks: the queue's (blocking, only when the queue has a
+--      max_in_flight or a rate limit) and one per key it means to claim from
+--      (pg_try_advisory_xact_lock: a key another claimer holds is skipped, as SKIP LOCKED
+--      skips a row, so nobody waits and nobody deadlocks).
+--   2. limited_claim counts the slots in use and claims. Its snapshot is taken after the
+--      locks were granted, so it sees every claim committed by whoever held them before:
+--      counting inside the statement that takes the lock would use a snapshot older than
+--      the lock and could miss a claim committed while it waited.
+-- Nothing else adds to a limited queue's in-flight rows (the plain claim skips the queue),
+-- and whatever ends a task (outcome, retry, give-back, reaper, operator) can only free
+-- slots, so the count is exact whatever dies: a dead worker's task holds its slot until
+-- recovery settles its row.
+
+-- name: limited_keys
+-- Its LIMITs are (SELECT %(x)s), values the planner does not see, as in claim_tasks: the
+-- prepared statement then keeps one generic plan instead of planning every claim afresh.
+-- The keys to claim from, locked. Keys are visited round-robin: a window of at most
+-- `window` distinct keys with due work, from just after `cursor` (the end of the previous
+-- window, kept by the worker) wrapping to the start, found by a skip scan of
+-- tether_tasks_key_claim_idx (one probe per key, whatever each key's backlog). Of the
+-- window, the keys with room, best head priority first, then the least busy for their
+-- weight, then in turn from the cursor, as many as `wanted`, each try-locked. One row per
+-- key (key NULL when none), in turn order, with the window's last key and whether it was
+-- full. The worker's next cursor is the last of these keys that the claim took a task of.
+WITH RECURSIVE
+queue_lock AS MATERIALIZED (
+    SELECT l.per_key, coalesce(l.key_weights, '{}') AS key_weights,
+           CASE WHEN l.max_in_flight IS NOT NULL OR l.rate_limit IS NOT NULL
+                THEN pg_advisory_xact_lock(hashtextextended('tether_queue_limit ' || l.queue, 0)) END
+               AS locked
+    FROM (SELECT %(queue)s::text AS queue) q
+    LEFT JOIN tether_queue_limits l ON l.queue = q.queue
+),
+after_cursor (key) AS (
+    (SELECT t.concurrency_key FROM tether_tasks t
+     WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key > %(cursor)s
+     ORDER BY t.concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.concurrency_key FROM tether_tasks t
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key > seen.key
+            ORDER BY t.concurrency_key LIMIT 1)
+    FROM after_cursor seen WHERE seen.key IS NOT NULL
+),
+from_start (key) AS (
+    (SELECT t.concurrency_key FROM tether_tasks t
+     WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key IS NOT NULL
+       AND t.concurrency_key <= %(cursor)s
+     ORDER BY t.concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.concurrency_key FROM tether_tasks t
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key > seen.key
+              AND t.concurrency_key <= %(cursor)s
+            ORDER BY t.concurrency_key LIMIT 1)
+    FROM from_start seen WHERE seen.key IS NOT NULL
+),
+key_window AS MATERIALIZED (
+    SELECT key, part FROM (
+        (SELECT key, 1 AS part FROM after_cursor WHERE key IS NOT NULL LIMIT (SELECT %(window)s::int))
+        UNION ALL
+        (SELECT key, 2 AS part FROM from_start WHERE key IS NOT NULL LIMIT (SELECT %(window)s::int))
+    ) both_parts
+    LIMIT (SELECT %(window)s::int)
+),
+heads AS (
+    SELECT w.key, w.part, h.priority, h.run_at,
+           coalesce((queue_lock.key_weights ->> w.key)::float8, 1.0) AS weight,
+           (SELECT count(*) FROM tether_tasks f
+            WHERE f.queue = %(queue)s AND f.concurrency_key = w.key
+              AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
+    FROM key_window w CROSS JOIN queue_lock
+    CROSS JOIN LATERAL (
+        SELECT t.priority, t.run_at FROM tether_tasks t
+        WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key = w.key
+          AND t.run_at <= now() AND (t.good_until IS NULL OR t.good_until > now())
+          AND t.name <> ALL(%(skip_names)s::text[])
+        ORDER BY t.priority DESC, t.run_at, t.id
+        LIMIT 1
+    ) h
+),
+chosen AS MATERIALIZED (
+    SELECT ranked.key, ranked.part, ranked.busy, ranked.weight,
+           pg_try_advisory_xact_lock(hashtextextended(%(queue)s || chr(31) || ranked.key, 0)) AS locked
+    FROM (
+        SELECT heads.key, heads.part, heads.busy, heads.weight FROM heads, queue_lock
+        WHERE queue_lock.per_key IS NULL OR heads.busy < queue_lock.per_key
+        -- Round-robin: among keys of one priority and load, the first after the previous
+        -- claim's last key (where the window starts), not the key with the oldest head,
+        -- which would be the same key on every claim for as long as its backlog lasts.
+        -- Load in whole rounds (a key of weight w takes w tasks a round), so that keys a
+        -- round apart do not reorder the turn by fractions.
+        ORDER BY heads.priority DESC, floor(heads.busy / heads.weight), heads.part, heads.key
+        LIMIT (SELECT %(wanted)s::int)
+    ) ranked
+)
+SELECT c.key, c.busy, c.weight, coalesce(c.locked, false) AS locked, e.window_end, e.window_full
+FROM (
+    SELECT (SELECT key FROM key_window ORDER BY part DESC, key DESC LIMIT 1) AS window_end,
+           (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
+           (SELECT count(*) FROM queue_lock) AS locked_queue
+) e
+LEFT JOIN chosen c ON true
+ORDER BY c.part, c.key;
+
+-- name: limited_claim
+-- Claim from the keys limited_keys locked (and, when `unkeyed`, from the queue's tasks
+-- without a key): count the slots in use now (this statement's snapshot is newer than the
+-- locks), and take at most the room left: per key (per_key minus its busy rows), per queue
+-- (max_in_flight minus the queue's busy rows), per rate (the token bucket), and per kind of
+-- child (as claim_tasks). Between keys the turn is round-robin: a row's turn is its key's
+-- busy count plus its place in the key, divided by the key's weight; rows are taken best
+-- priority first, then lowest turn. The limits are read here, from the table, so a change
+-- holds from its commit on for every worker. Time here is statement_timestamp(), not now():
+-- this statement starts after the queue's lock was granted, so claims of the queue are
+-- stamped, and its tokens refilled, in the order they were made (a transaction that began
+-- first but waited for the lock would otherwise refill from a time before the last claim).
+WITH lim AS (
+    SELECT l.max_in_flight, l.per_key, l.key_weights,
+           CASE WHEN l.rate_limit IS NOT NULL THEN
+               least(coalesce(l.burst, l.rate_limit)::float8,
+                     coalesce(l.tokens, coalesce(l.burst, l.rate_limit)::float8)
+                     + extract(epoch FROM statement_timestamp() - coalesce(l.refilled_at, statement_timestamp())) * 1000.0
+                       / l.rate_period_ms * l.rate_limit)
+           END AS tokens
+    FROM (SELECT %(queue)s::text AS queue) q
+    LEFT JOIN tether_queue_limits l ON l.queue = q.queue
+), queue_busy AS (
+    SELECT (SELECT count(*) FROM tether_tasks f
+            WHERE f.queue = %(queue)s AND f.status IN ('CLAIMED', 'RUNNING'))::int AS n
+), room AS (
+    SELECT greatest(0, least(
+        %(limit)s::int,
+        coalesce(lim.max_in_flight - queue_busy.n, %(limit)s::int),
+        coalesce(floor(lim.tokens)::int, %(limit)s::int)
+    )) AS n,
+    -- Past the idle children, a claim prefetches (tasks held until a child is free) only
+    -- while the queue stays within half its max_in_flight: a limit that binds gives its
+    -- slots to tasks that start at once, one that does not keeps the plain claim's speed.
+    greatest(0, least(coalesce(lim.max_in_flight / 2 - queue_busy.n, %(limit)s::int), %(limit)s::int))
+        AS prefetch_room
+    FROM lim, queue_busy
+), keys AS (
+    SELECT k.key, k.place, coalesce((lim.key_weights ->> k.key)::float8, 1.0) AS weight, lim.per_key,
+           (SELECT count(*) FROM tether_tasks f
+            WHERE f.queue = %(queue)s AND f.concurrency_key = k.key
+              AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
+    FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k (key, place), lim
+), level AS (
+    -- Water-filling: the turn every key would reach if this claim's tasks were shared out
+    -- by weight on top of what each key has in flight. A key reads only the rows that can
+    -- come before it (+1), so a claim locks about `limit` + keys rows, not `limit` per key.
+    SELECT (%(limit)s + coalesce(sum(busy), 0))::float8 / greatest(coalesce(sum(weight), 1), 0.001) AS turn
+    FROM keys
+), keyed AS (
+    -- The round a row would run in: a key of weight w takes w rows a round (ceil), so every
+    -- key's first row shares round 1 and their order is the turn (place), not the weight.
+    SELECT c.id, c.priority, c.run_at, c.name, ceil((keys.busy + c.nth)::float8 / keys.weight) AS turn,
+           keys.place,
+           -- the same rule per key: prefetched only while the key stays within half its limit
+           keys.per_key IS NULL OR 2 * (keys.busy + c.nth) <= keys.per_key AS may_wait
+    FROM keys
+    CROSS JOIN LATERAL (
+        SELECT x.*, row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id) AS nth
+        FROM (
+            SELECT t.id, t.priority, t.run_at, t.name FROM tether_tasks t
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key = keys.key
+              AND t.run_at <= now() AND (t.good_until IS NULL OR t.good_until > now())
+              AND t.name <> ALL(%(skip_names)s::text[])
+            ORDER BY t.priority DESC, t.run_at, t.id
+            LIMIT greatest(0, least(coalesce(keys.per_key - keys.busy, %(limit)s::int), %(limit)s::int,
+                                    ceil((SELECT turn FROM level) * keys.weight)::int - keys.busy + 1))
+            FOR UPDATE SKIP LOCKED
+        ) x
+    ) c
+), unkeyed_window AS MATERIALIZED (
+    -- Tasks without a key: looked for among the first `unkeyed_window` due rows of the
+    -- queue in claim order (the plain claim index); a queue whose tasks all carry keys
+    -- skips this (the worker passes unkeyed false when its last look found none).
+    -- Materialized, then joined by primary key: as an IN (...) the planner may pick a
+    -- nested loop over the queue's whole backlog.
+    SELECT s.id FROM tether_tasks s
+    WHERE %(unkeyed)s AND s.status = 'PENDING' AND s.queue = %(queue)s AND s.run_at <= now()
+    ORDER BY s.priority DESC, s.run_at, s.id
+    LIMIT (SELECT %(unkeyed_window)s::int)
+), unkeyed AS (
+    SELECT x.id, x.priority, x.run_at, x.name,
+           row_number() OVER (ORDER BY x.priority DESC, x.run_at, x.id)::float8 AS turn,
+           NULL::bigint AS place, true AS may_wait
+    FROM (
+        SELECT t.id, t.priority, t.run_at, t.name
+        FROM unkeyed_window w JOIN tether_tasks t ON t.id = w.id
+        -- COLLATE "C": not the partial indexes' predicate, so the planner reads each row by
+        -- its primary key instead of scanning the claim index once per window row.
+        WHERE t.status COLLATE "C" = 'PENDING' AND t.concurrency_key IS NULL
+          AND (t.good_until IS NULL OR t.good_until > now())
+          AND t.name <> ALL(%(skip_names)s::text[])
+        ORDER BY t.priority DESC, t.run_at, t.id
+        LIMIT (SELECT %(limit)s::int)
+        FOR UPDATE OF t SKIP LOCKED
+    ) x
+), candidates AS (
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, place, may_wait
+    FROM keyed
+    UNION ALL
+    SELECT id, priority, run_at, name = ANY(%(async_names)s::text[]) AS is_async, turn, place, may_wait
+    FROM unkeyed
+), picked AS (
+    -- The first `idle` rows go to children that start them now; the others wait for one
+    -- (prefetch), when their key and queue allow it (above), in the order of their turn.
+    SELECT id FROM (
+        SELECT id, is_async, may_wait,
+               -- place: the key's turn in the round-robin (keys come in that order), so equal
+               -- turns go to the key next after the last one served, not the oldest task
+               row_number() OVER (ORDER BY priority DESC, turn, place, run_at, id) AS nth,
+               row_number() OVER (PARTITION BY is_async ORDER BY priority DESC, turn, place, run_at, id)
+                   AS nth_kind
+        FROM candidates
+    ) ranked
+    WHERE nth <= (SELECT n FROM room)
+      AND nth_kind <= CASE WHEN is_async THEN %(async_limit)s ELSE %(other_limit)s END
+      AND (nth <= %(idle)s OR (may_wait AND nth <= %(idle)s + (SELECT prefetch_room FROM room)))
+), claimed AS (
+    -- synchronous_commit off: as claim_tasks (claims.sql) explains.
+    UPDATE tether_tasks t
+    SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = statement_timestamp(), updated_at = now(),
+        claimed_by_worker_id = %(worker_id)s, limited = true
+    FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+    WHERE t.id = picked.id
+    RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
+              t.max_retries, t.retry_policy::text, t.workflow_id, t.concurrency_key
+), spent AS (
+    -- The rate's tokens: refilled up to now, less what this claim took. Written only when
+    -- it took some (the refill is computed from refilled_at, so skipping a write loses none).
+    UPDATE tether_queue_limits l
+    SET tokens = (SELECT tokens FROM lim) - (SELECT count(*) FROM claimed), refilled_at = statement_timestamp()
+    WHERE l.queue = %(queue)s AND l.rate_limit IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
+)
+-- One row per claimed task, or one row of NULLs: unkeyed_seen says whether tasks without a
+-- key were found (claimed or not), so the worker knows whether to look for them next time.
+SELECT c.*, u.unkeyed_seen
+FROM (SELECT count(*) > 0 AS unkeyed_seen FROM unkeyed) u
+LEFT JOIN claimed c ON true;
+
+-- name: queue_limits_of
+-- The limits of these queues (the worker's: which of its queues take the limited claim).
+SELECT queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst, key_weights::text AS key_weights
+FROM tether_queue_limits WHERE queue = ANY(%(queues)s::text[]) ORDER BY queue;
+
+-- name: all_queue_limits
+-- Every limit with its use now: tasks in flight in the queue, the busiest key and how many
+-- keys are at their per-key limit (from the in-flight index: only in-flight rows), and the
+-- rate's tokens refilled up to now.
+SELECT l.queue, l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst,
+       l.key_weights::text AS key_weights, l.set_by, l.updated_at,
+       coalesce(u.in_flight, 0)::int AS in_flight,
+       coalesce(u.keys_in_flight, 0)::int AS keys_in_flight,
+       coalesce(u.busiest_key_in_flight, 0)::int AS busiest_key_in_flight,
+       coalesce(u.keys_at_limit, 0)::int AS keys_at_limit,
+       CASE WHEN l.rate_limit IS NOT NULL THEN
+           least(coalesce(l.burst, l.rate_limit)::float8,
+                 coalesce(l.tokens, coalesce(l.burst, l.rate_limit)::float8)
+                 + extract(epoch FROM now() - coalesce(l.refilled_at, now())) * 1000.0
+                   / l.rate_period_ms * l.rate_limit)
+       END AS tokens
+FROM tether_queue_limits l
+LEFT JOIN LATERAL (
+    SELECT sum(n) AS in_flight, count(k) AS keys_in_flight, max(n) FILTER (WHERE k IS NOT NULL) AS busiest_key_in_flight,
+           count(*) FILTER (WHERE k IS NOT NULL AND n >= l.per_key) AS keys_at_limit
+    FROM (SELECT f.concurrency_key AS k, count(*) AS n FROM tether_tasks f
+          WHERE f.queue = l.queue AND f.status IN ('CLAIMED', 'RUNNING')
+          GROUP BY f.concurrency_key) per_key
+) u ON true
+ORDER BY l.queue;
+
+-- name: set_queue_limits
+-- Declare (or replace) a queue's limits. The tokens start full when the rate changes.
+-- A change tells the workers ('limits <queue>' on tether_control): they look at once.
+WITH written AS (
+INSERT INTO tether_queue_limits AS l (queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst,
+                                      key_weights, set_by)
+VALUES (%(queue)s, %(max_in_flight)s, %(per_key)s, %(rate_limit)s, %(rate_period_ms)s, %(burst)s,
+        %(key_weights)s::jsonb, %(set_by)s)
+ON CONFLICT (queue) DO UPDATE
+SET max_in_flight = EXCLUDED.max_in_flight, per_key = EXCLUDED.per_key,
+    rate_limit = EXCLUDED.rate_limit, rate_period_ms = EXCLUDED.rate_period_ms, burst = EXCLUDED.burst,
+    tokens = CASE WHEN (l.rate_limit, l.rate_period_ms, l.burst)
+                       IS NOT DISTINCT FROM (EXCLUDED.rate_limit, EXCLUDED.rate_period_ms, EXCLUDED.burst)
+                  THEN l.tokens END,
+    refilled_at = CASE WHEN (l.rate_limit, l.rate_period_ms, l.burst)
+                            IS NOT DISTINCT FROM (EXCLUDED.rate_limit, EXCLUDED.rate_period_ms, EXCLUDED.burst)
+                       THEN l.refilled_at END,
+    key_weights = EXCLUDED.key_weights, set_by = EXCLUDED.set_by, updated_at = now()
+WHERE (l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst, l.key_weights)
+      IS DISTINCT FROM (EXCLUDED.max_in_flight, EXCLUDED.per_key, EXCLUDED.rate_limit,
+                        EXCLUDED.rate_period_ms, EXCLUDED.burst, EXCLUDED.key_weights)
+RETURNING queue
+)
+SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM written;
+
+-- name: drop_queue_limits
+-- The queue is no longer flow-controlled: the plain claim takes it again. Workers are told
+-- at once (they look again at their limits, and claim).
+WITH gone AS (DELETE FROM tether_queue_limits WHERE queue = %(queue)s RETURNING queue)
+SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM gone;
