@@ -59,6 +59,15 @@ def waiting_for_work(db: Any, worker_id: str | None) -> bool:
     return bool(row and row["n"])
 
 
+@pytest.fixture(autouse=True)
+def quiet_database(db: Any) -> None:
+    """No tether session of an earlier test of this process is left in the database: the
+    counts below are of the processes this test starts. (Earlier tests' workers are killed
+    by pid at their end; a killed process's sessions end a moment later.)"""
+    left = sessions(db)
+    wait_until(lambda: not sessions(db), timeout=30, message=f"earlier tests' sessions to end: {left}")
+
+
 @pytest.fixture
 def aio(database_url: str, db: Any) -> ModuleType:
     from tests.apps.support import ensure_ledger
