@@ -14,9 +14,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
-from tests.conftest import REPO, WorkerFactory, WorkerProcess, wait_until
+from tests.conftest import REPO, WorkerFactory, WorkerProcess, clean_tables, wait_until
 
 SETTINGS = "tests.django_project.settings"
 MANAGE = REPO / "tests" / "django_project" / "manage.py"
@@ -72,8 +73,14 @@ def module_workers(database_url: str, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="module")
-def worker(django_project: None, module_workers: WorkerFactory) -> WorkerProcess:
-    """One `tether worker --django` on the default queue, shared by a module's tests."""
+def worker(django_project: None, module_workers: WorkerFactory, direct_url: str) -> WorkerProcess:
+    """One `tether worker --django` on the default queue, shared by a module's tests.
+
+    The tether tables are emptied first, as the db fixture does for every other test: an
+    earlier module in this process may have left its state (a paused "default" queue, which
+    test_health.py leaves for the next test's clean-up, made this worker claim nothing)."""
+    with psycopg.connect(direct_url, autocommit=True) as conn:
+        clean_tables(conn)
     return module_workers.start(
         "django", command=tether_worker_command("--processes", "2", "--queues", "default")
     )
