@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from pydantic_core import PydanticCustomError
 
 from tether.errors import InvalidOptionError
+from tether.names import check_storable_text
 
 #: Characters in a concurrency key (it is a btree index entry, as a unique key is).
 MAX_CONCURRENCY_KEY_LENGTH = 500
@@ -99,10 +100,4 @@ def check_concurrency_key(key: Any, what: str = "concurrency_key") -> str:
         raise InvalidOptionError(
             f"{what} must be at most {MAX_CONCURRENCY_KEY_LENGTH} characters, got {len(key)}"
         )
-    if "\x00" in key:
-        raise InvalidOptionError(f"{what} must not contain a NUL character (PostgreSQL text cannot store it)")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidOptionError(f"{what} must be valid Unicode text (it has a lone surrogate)") from None
-    return key
+    return check_storable_text(key, what)

@@ -87,3 +87,14 @@ def shown(value: object, limit: int = 40) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return f"{text} ({type(value).__name__})"
+
+
+def check_storable_text(key: str, what: str) -> str:
+    """``key`` if PostgreSQL text can store it (no NUL, no lone surrogate); the error names ``what``."""
+    if "\x00" in key:
+        raise InvalidOptionError(f"{what} must not contain a NUL character (PostgreSQL text cannot store it)")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidOptionError(f"{what} must be valid Unicode text (it has a lone surrogate)") from None
+    return key

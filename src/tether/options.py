@@ -15,7 +15,7 @@ from typing import Any
 
 from tether.errors import InvalidOptionError, TaskDefinitionError, UnknownQueueError
 from tether.limits import check_concurrency_key
-from tether.names import check_queue_name
+from tether.names import check_queue_name, check_storable_text
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_DELAY = timedelta(days=3650)
@@ -73,13 +73,7 @@ def check_unique_key(key: Any, what: str = "unique_key") -> str:
             f"{what} must be at most {MAX_UNIQUE_KEY_LENGTH} characters, got {len(key)}; "
             "hash a longer natural key (e.g. hashlib.sha256(...).hexdigest())"
         )
-    if "\x00" in key:
-        raise InvalidOptionError(f"{what} must not contain a NUL character (PostgreSQL text cannot store it)")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidOptionError(f"{what} must be valid Unicode text (it has a lone surrogate)") from None
-    return key
+    return check_storable_text(key, what)
 
 
 def check_unique_for(value: Any) -> timedelta:
