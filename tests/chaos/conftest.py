@@ -226,3 +226,13 @@ def terminate(db: Any, role: str) -> int:
         "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity WHERE usename = %s", (role,)
     ).fetchall()
     return sum(1 for r in rows if r["ok"])
+
+
+def migrated_for_chaos(url: str) -> None:
+    """A database of a test's own server ready for the chaos app: migrated, with its ledger."""
+    from tests.apps.chaos import LEDGER_DDL
+    from tether.db.migrate import migrate
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+        conn.execute(LEDGER_DDL)

@@ -16,11 +16,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.chaos.conftest import APP, FAST, check_history, token, wait_all
+from tests.chaos.conftest import APP, FAST, check_history, migrated_for_chaos, token, wait_all
 from tests.conftest import WorkerFactory, wait_until
 from tether import AppConfig, PostgresConfig
 from tether.db.embedded import EmbeddedServer
-from tether.db.migrate import migrate
 
 # The outage must stay well below the stale thresholds (nothing may be declared dead), and
 # restarting the embedded server takes 0.5-1.6 s on a busy 2-core machine: thresholds of
@@ -46,12 +45,10 @@ def finished(conn: Any) -> int:
 def test_a_database_restart_mid_run_loses_nothing(
     private_server: EmbeddedServer, chaos: ModuleType, tmp_path: Path
 ) -> None:
-    from tests.apps.chaos import LEDGER_DDL, build
+    from tests.apps.chaos import build
 
     url = private_server.create_database("chaos")
-    with psycopg.connect(url, autocommit=True) as c:
-        migrate(c)
-        c.execute(LEDGER_DDL)
+    migrated_for_chaos(url)
     app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
     factory = WorkerFactory(url, tmp_path / "private")
     (tmp_path / "private").mkdir()
@@ -134,12 +131,10 @@ def test_a_producer_can_send_and_wait_across_a_database_restart(
     send() must work (the pool must notice dead connections and replace them), and a
     handle.get() that was waiting across the restart must still return the result.
     """
-    from tests.apps.chaos import LEDGER_DDL, build
+    from tests.apps.chaos import build
 
     url = private_server.create_database("chaos")
-    with psycopg.connect(url, autocommit=True) as c:
-        migrate(c)
-        c.execute(LEDGER_DDL)
+    migrated_for_chaos(url)
     app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
     factory = WorkerFactory(url, tmp_path / "private")
     (tmp_path / "private").mkdir()

@@ -28,11 +28,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.chaos.conftest import APP, FAST, check_history, token, wait_all
+from tests.chaos.conftest import APP, FAST, check_history, migrated_for_chaos, token, wait_all
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 from tests.ha_pair import HaPair
 from tether import AppConfig, PostgresConfig
-from tether.db.migrate import migrate
 from tether.errors import DatabaseUnreachableError
 
 # Above the failover's few seconds, so the rules decide nothing: a task is settled by its own
@@ -101,13 +100,11 @@ def under_load(pair: HaPair, tmp_path: Path) -> Iterator[Load]:
     a task every 10 ms, all on the multi-host URL; stopped and cleaned up at the end. The test
     takes the ``chaos`` fixture: tests.apps.chaos is first imported bound to the session's
     database, as every later test of the process expects."""
-    from tests.apps.chaos import LEDGER_DDL, build
+    from tests.apps.chaos import build
 
     with psycopg.connect(pair.primary.url("postgres"), autocommit=True) as c:
         c.execute("CREATE DATABASE ha")
-    with psycopg.connect(pair.primary.url("ha"), autocommit=True) as c:
-        migrate(c)
-        c.execute(LEDGER_DDL)
+    migrated_for_chaos(pair.primary.url("ha"))
     url = pair.multi_host_url("ha")
     app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
     factory = WorkerFactory(url, tmp_path / "private")

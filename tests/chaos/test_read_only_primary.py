@@ -22,11 +22,10 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.chaos.conftest import APP, FAST, check_history, token, wait_all
+from tests.chaos.conftest import APP, FAST, check_history, migrated_for_chaos, token, wait_all
 from tests.conftest import WorkerFactory, wait_until
 from tether import AppConfig, PostgresConfig
 from tether.db.embedded import EmbeddedServer
-from tether.db.migrate import migrate
 from tether.errors import DatabaseUnreachableError
 
 # Far above the read-only window: nothing may be declared dead or fence itself off.
@@ -74,12 +73,10 @@ class Producer(threading.Thread):
 def test_a_primary_read_only_on_live_sockets_fails_nothing_and_everything_resumes(
     private_server: EmbeddedServer, chaos: ModuleType, tmp_path: Path
 ) -> None:
-    from tests.apps.chaos import LEDGER_DDL, build
+    from tests.apps.chaos import build
 
     url = private_server.create_database("chaos")
-    with psycopg.connect(url, autocommit=True) as c:
-        migrate(c)
-        c.execute(LEDGER_DDL)
+    migrated_for_chaos(url)
     app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
     factory = WorkerFactory(url, tmp_path / "private")
     (tmp_path / "private").mkdir()
