@@ -1,0 +1,235 @@
+"""``GET /api/charts?range=1h|24h``: what the overview's charts draw (docs/dashboard.md#charts).
+
+Three sources, none on the path that ends a task:
+
+- **Tasks ended per bucket and status** are read back from the terminal rows through their
+  partial index on updated_at (broker/charts.py): a range scan of the buckets asked for.
+  A bucket that ended more than SETTLE_S ago is kept here and never read again, so after
+  the first answer each refresh reads only the last minutes' rows, whatever the range and
+  however many rows the table holds.
+- **Recoveries per bucket and rule** come from tether_recovery_minutes (migration 15), a
+  few rows per minute at most, written by the workers with their heartbeats.
+- **Depth and lag per queue** have no history in the database: this dashboard samples them
+  every SAMPLE_S (the read of a Prometheus scrape: a count of what waits and runs through
+  the claim and in-flight indexes, and one probe of the claim index per queue and
+  priority) and keeps a day of samples in memory. They start when the dashboard starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tether.broker import PostgresBroker, charts
+from tether.broker.charts import Finished, QueueSample
+from tether.metrics import rules
+from tether.web.jsonout import ApiError
+
+log = logging.getLogger("tether.web")
+
+FINISHED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED", "EXPIRED")
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    span_s: int  # how far back the chart goes
+    bucket_s: int  # one point per bucket
+    queue_bucket_s: int  # the queue samples, folded into buckets this long (0: every sample)
+
+
+RANGES: Mapping[str, Range] = {
+    "1h": Range(3600, 60, 0),
+    "24h": Range(86_400, 900, 300),
+}
+#: A bucket that ended this long ago is taken as final: a task's end is stamped by the
+#: statement that ends it, so only a transaction open longer than this could still add one.
+SETTLE_S = 120
+#: How often the queues are sampled (and how long an answer is served again).
+SAMPLE_S = 10.0
+ANSWER_MAX_AGE_S = 5.0
+
+
+class Charts:
+    """The chart data of one dashboard: its cache of settled buckets and its queue samples."""
+
+    def __init__(self, broker: PostgresBroker, *, sample_s: float = SAMPLE_S) -> None:
+        self.broker = broker
+        self.sample_s = sample_s
+        self.samples: deque[tuple[datetime, list[QueueSample]]] = deque(
+            maxlen=int(max(RANGES.values(), key=lambda r: r.span_s).span_s / sample_s) + 1
+        )
+        self._settled: dict[str, dict[datetime, list[Finished]]] = {name: {} for name in RANGES}
+        self._answers: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reads = 0  # statements of finished rows read (tests: the cache at work)
+
+    # -- the sampler ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._sample_forever, name="tether-dashboard-charts", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _sample_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as exc:  # the database is away: the next sample tries again
+                log.warning("dashboard could not sample the queues for the charts: %s", exc)
+            self._stop.wait(self.sample_s)
+
+    def sample(self) -> None:
+        """Read every queue's depth and lag now, and keep them."""
+        found = self.broker.run(charts.queue_samples)
+        with self._lock:
+            self.samples.append((datetime.now(UTC), found))
+
+    # -- the answer ----------------------------------------------------------------------------
+
+    def answer(self, name: str) -> dict[str, Any]:
+        """The charts of range ``name`` (RANGES), read afresh unless one is younger than
+        ANSWER_MAX_AGE_S."""
+        spec = RANGES.get(name)
+        if spec is None:
+            raise ApiError(400, f"range {name!r} is not one of {', '.join(RANGES)}")
+        with self._lock:
+            cached = self._answers.get(name)
+            if cached is not None and time.monotonic() - cached[0] < ANSWER_MAX_AGE_S:
+                return cached[1]
+            fresh = (
+                not self.samples or (datetime.now(UTC) - self.samples[-1][0]).total_seconds() >= self.sample_s
+            )
+        if fresh:  # none yet (the dashboard just started), or the sampler is behind
+            self.sample()
+        with self._lock:
+            shown = self._read(name, spec)
+            self._answers[name] = (time.monotonic(), shown)
+            return shown
+
+    def _read(self, name: str, spec: Range) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        bucket = timedelta(seconds=spec.bucket_s)
+        first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
+        points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
+        settled = self._settled[name]
+        for old in [at for at in settled if at < first]:
+            del settled[old]
+        # Read from the first bucket not settled here yet (every bucket is, after one answer,
+        # but the last SETTLE_S).
+        read_from = next((at for at in points if at not in settled), now)
+        found: dict[datetime, list[Finished]] = {}
+        recoveries: list[charts.Recoveries] = []
+
+        def work(conn: Any) -> None:
+            with conn.transaction():
+                for row in charts.finished_per_bucket(conn, read_from, spec.bucket_s):
+                    found.setdefault(row.at, []).append(row)
+                recoveries.extend(charts.recoveries_per_bucket(conn, first, spec.bucket_s))
+
+        self.broker.run(work)
+        self.reads += 1
+        settle_before = now - timedelta(seconds=SETTLE_S)
+        for at in points:
+            if at >= read_from and at + bucket <= settle_before:
+                settled[at] = found.get(at, [])
+        rows = [r for at in points for r in (settled[at] if at < read_from else found.get(at, []))]
+        return {
+            "range": name,
+            "bucket_s": spec.bucket_s,
+            "from": first,
+            "to": now,
+            "finished": _finished(points, rows),
+            "recoveries": _recoveries(points, recoveries),
+            "queues": self._queues(now - timedelta(seconds=spec.span_s), spec.queue_bucket_s),
+            "sample_s": self.sample_s,
+        }
+
+    def _queues(self, since: datetime, fold_s: int) -> dict[str, Any]:
+        """The samples since ``since``: each queue's depth (PENDING) and lag in seconds per
+        point, folded to the highest in each ``fold_s`` bucket (0: every sample)."""
+        kept = [(at, found) for at, found in self.samples if at >= since]
+        names = sorted({s.queue for _, found in kept for s in found})
+        points: dict[datetime, dict[str, QueueSample]] = {}
+        for sampled, found in kept:
+            key = _floor(sampled, fold_s) if fold_s else sampled
+            shown = points.setdefault(key, {})
+            for s in found:
+                was = shown.get(s.queue)
+                shown[s.queue] = s if was is None else _higher(was, s)
+        times = sorted(points)
+        return {
+            "at": [_epoch(t) for t in times],
+            "depth": {q: [points[t][q].pending if q in points[t] else 0 for t in times] for q in names},
+            "lag_s": {q: [_lag(points[t].get(q)) for t in times] for q in names},
+        }
+
+
+def _finished(points: Sequence[datetime], rows: list[Finished]) -> dict[str, Any]:
+    """Tasks ended per bucket, one series per status and one per queue (every status)."""
+    index = {at: i for i, at in enumerate(points)}
+    by_status = {s: [0] * len(points) for s in FINISHED_STATUSES}
+    by_queue: dict[str, list[int]] = {}
+    for r in rows:
+        i = index.get(r.at)
+        if i is None:
+            continue
+        by_status[r.status][i] += r.n
+        by_queue.setdefault(r.queue, [0] * len(points))[i] += r.n
+    return {
+        "at": [_epoch(t) for t in points],
+        "by_status": by_status,
+        "by_queue": dict(sorted(by_queue.items())),
+        "total": {s: sum(v) for s, v in by_status.items()},
+    }
+
+
+def _recoveries(points: Sequence[datetime], rows: list[charts.Recoveries]) -> dict[str, Any]:
+    """Recoveries per bucket, one series per rule that recovered any (in RULES' order)."""
+    index = {at: i for i, at in enumerate(points)}
+    series: dict[str, list[int]] = {}
+    for r in rows:
+        i = index.get(r.at)
+        if i is not None:
+            series.setdefault(r.rule, [0] * len(points))[i] += r.n
+    order = {rule: i for i, rule in enumerate(rules.RULES)}
+    ranked = sorted(series.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    return {
+        "at": [_epoch(t) for t in points],
+        "by_rule": dict(ranked),
+        "total": {rule: sum(v) for rule, v in ranked},
+        "rules": list(rules.RULES),
+    }
+
+
+def _higher(a: QueueSample, b: QueueSample) -> QueueSample:
+    lags = [x for x in (a.lag_s, b.lag_s) if x is not None]
+    return QueueSample(
+        a.queue, max(a.pending, b.pending), max(a.in_flight, b.in_flight), max(lags, default=None)
+    )
+
+
+def _lag(sample: QueueSample | None) -> float | None:
+    return None if sample is None or sample.lag_s is None else round(sample.lag_s, 3)
+
+
+def _floor(at: datetime, step_s: int) -> datetime:
+    epoch = int(at.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % step_s, UTC)
+
+
+def _epoch(at: datetime) -> int:
+    return int(at.timestamp())
