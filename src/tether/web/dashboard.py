@@ -91,7 +91,10 @@ class DashboardServer(ThreadingHTTPServer):
         self.charts.start()
 
     def server_close(self) -> None:
-        self.charts.stop()
+        # Also called by the base class's __init__ when the bind fails, before the charts exist.
+        charts_ = self.__dict__.get("charts")
+        if charts_ is not None:
+            charts_.stop()
         super().server_close()
 
     def status_json(self) -> bytes:
