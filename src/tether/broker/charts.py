@@ -47,6 +47,14 @@ class QueueSample:
     lag_s: float | None
 
 
+def database_now(conn: Conn) -> datetime:
+    """The database's clock (the one that stamps tasks' ends)."""
+    row = conn.execute(q("charts_now")).fetchone()
+    assert row is not None  # one row always
+    at: datetime = row["now"]
+    return at
+
+
 def finished_per_bucket(conn: Conn, since: datetime, bucket_s: int) -> list[Finished]:
     """Tasks that ended from ``since`` on, per ``bucket_s`` bucket (aligned on the epoch),
     queue and status."""

@@ -55,6 +55,17 @@ SAMPLE_S = 10.0
 ANSWER_MAX_AGE_S = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One read of the database for an answer."""
+
+    now: datetime  # the database's
+    points: list[datetime]  # each bucket's start, oldest first
+    read_from: datetime  # the ends read (the buckets before were settled here)
+    finished: list[Finished]
+    recoveries: list[charts.Recoveries]
+
+
 class Charts:
     """The chart data of one dashboard: its cache of settled buckets and its queue samples."""
 
@@ -69,7 +80,6 @@ class Charts:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.reads = 0  # statements of finished rows read (tests: the cache at work)
 
     # -- the sampler ---------------------------------------------------------------------------
 
@@ -121,27 +131,33 @@ class Charts:
             return shown
 
     def _read(self, name: str, spec: Range) -> dict[str, Any]:
-        now = datetime.now(UTC)
         bucket = timedelta(seconds=spec.bucket_s)
-        first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
-        points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
         settled = self._settled[name]
+
+        def work(conn: Any) -> _Read:
+            with conn.transaction():
+                # The database's clock: it stamped the ends, so it says which minutes are over.
+                now = charts.database_now(conn)
+                first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
+                points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
+                # From the first bucket not settled here yet (after one answer, every bucket
+                # is but those of the last SETTLE_S).
+                read_from = next((at for at in points if at not in settled), now)
+                return _Read(
+                    now,
+                    points,
+                    read_from,
+                    charts.finished_per_bucket(conn, read_from, spec.bucket_s),
+                    charts.recoveries_per_bucket(conn, first, spec.bucket_s),
+                )
+
+        got = self.broker.run(work)
+        now, points, read_from, first = got.now, got.points, got.read_from, got.points[0]
         for old in [at for at in settled if at < first]:
             del settled[old]
-        # Read from the first bucket not settled here yet (every bucket is, after one answer,
-        # but the last SETTLE_S).
-        read_from = next((at for at in points if at not in settled), now)
         found: dict[datetime, list[Finished]] = {}
-        recoveries: list[charts.Recoveries] = []
-
-        def work(conn: Any) -> None:
-            with conn.transaction():
-                for row in charts.finished_per_bucket(conn, read_from, spec.bucket_s):
-                    found.setdefault(row.at, []).append(row)
-                recoveries.extend(charts.recoveries_per_bucket(conn, first, spec.bucket_s))
-
-        self.broker.run(work)
-        self.reads += 1
+        for row in got.finished:
+            found.setdefault(row.at, []).append(row)
         settle_before = now - timedelta(seconds=SETTLE_S)
         for at in points:
             if at >= read_from and at + bucket <= settle_before:
@@ -153,7 +169,7 @@ class Charts:
             "from": first,
             "to": now,
             "finished": _finished(points, rows),
-            "recoveries": _recoveries(points, recoveries),
+            "recoveries": _recoveries(points, got.recoveries),
             "queues": self._queues(now - timedelta(seconds=spec.span_s), spec.queue_bucket_s),
             "sample_s": self.sample_s,
         }

@@ -1,5 +1,9 @@
 -- The dashboard's charts (broker/charts.py, docs/dashboard.md#charts).
 
+-- name: charts_now
+-- The database's clock, inside the charts' read: it stamped the ends the read counts.
+SELECT now() AS now;
+
 -- name: finished_per_bucket
 -- Tasks that ended from `since` on, per bucket of `bucket_s` seconds, queue and status. A
 -- range scan of the partial index of terminal tasks (tether_tasks_terminal_idx on
