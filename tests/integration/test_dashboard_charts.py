@@ -135,8 +135,8 @@ def test_settled_minutes_are_read_once_and_later_reads_start_at_the_first_unsett
     try:
         first = seen.answer("1h")
         assert first["finished"]["total"]["COMPLETED"] == 12
-        settled = seen._settled["1h"]
-        assert len(settled) >= 56  # every minute but the last SETTLE_S
+        assert first["complete_from"] == first["from"]  # every minute read
+        assert len(seen._minutes) >= 57  # every minute of the hour but the last SETTLE_S
         # A row added to a settled minute afterwards is not read again (the answer keeps the
         # settled count); one in an unsettled minute is.
         fill_terminal(db, 1, now - timedelta(minutes=30))
@@ -144,6 +144,33 @@ def test_settled_minutes_are_read_once_and_later_reads_start_at_the_first_unsett
         seen._answers.clear()
         again = seen.answer("1h")
         assert again["finished"]["total"]["COMPLETED"] == 15
+    finally:
+        seen.stop()
+
+
+def test_an_answer_reads_back_for_a_bounded_time_and_the_rest_comes_later(
+    basic: ModuleType, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime.now(UTC)
+    fill_terminal(db, 10, now - timedelta(minutes=30))
+    fill_terminal(db, 2, now)
+    monkeypatch.setattr(charts, "ANSWER_BUDGET_S", 0.0)  # a database too busy to read any back
+    seen = charts.Charts(basic.app.broker)
+    try:
+        shown = seen.answer("1h")
+        finished = shown["finished"]
+        # Only the live minutes were read: the older ones are not zero, they are not known yet.
+        assert seen._minutes == {}
+        assert finished["total"]["COMPLETED"] == 2
+        known = [i for i, n in enumerate(finished["by_status"]["COMPLETED"]) if n is not None]
+        assert known and known == list(range(known[0], 60)) and len(known) <= 4
+        assert datetime.fromisoformat(str(shown["complete_from"])) > now - timedelta(minutes=4)
+        # The sampler's thread reads them back (here: one call, as its tick makes it).
+        seen.read_back(charts.BACKGROUND_BUDGET_S)
+        seen._answers.clear()
+        shown = seen.answer("1h")
+        assert shown["finished"]["total"]["COMPLETED"] == 12
+        assert None not in shown["finished"]["by_status"]["COMPLETED"]
     finally:
         seen.stop()
 
@@ -167,7 +194,8 @@ def test_a_chart_read_reads_the_rows_of_its_range_through_the_terminal_index_not
     since = now - timedelta(hours=1)
     [[plan]] = (
         db.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + q("finished_per_bucket"), {"since": since, "bucket_s": 60}
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + q("finished_per_bucket"),
+            {"since": since, "until": now, "bucket_s": 60},
         )
         .fetchone()
         .values()

@@ -55,10 +55,11 @@ def database_now(conn: Conn) -> datetime:
     return at
 
 
-def finished_per_bucket(conn: Conn, since: datetime, bucket_s: int) -> list[Finished]:
-    """Tasks that ended from ``since`` on, per ``bucket_s`` bucket (aligned on the epoch),
-    queue and status."""
-    rows = conn.execute(q("finished_per_bucket"), {"since": since, "bucket_s": bucket_s}).fetchall()
+def finished_per_bucket(conn: Conn, since: datetime, until: datetime, bucket_s: int) -> list[Finished]:
+    """Tasks that ended in [``since``, ``until``), per ``bucket_s`` bucket (aligned on the
+    epoch), queue and status."""
+    params = {"since": since, "until": until, "bucket_s": bucket_s}
+    rows = conn.execute(q("finished_per_bucket"), params).fetchall()
     return [Finished(r["at"], r["queue"], r["status"], int(r["n"])) for r in rows]
 
 

@@ -2,11 +2,14 @@
 
 Three sources, none on the path that ends a task:
 
-- **Tasks ended per bucket and status** are read back from the terminal rows through their
-  partial index on updated_at (broker/charts.py): a range scan of the buckets asked for.
-  A bucket that ended more than SETTLE_S ago is kept here and never read again, so after
-  the first answer each refresh reads only the last minutes' rows, whatever the range and
-  however many rows the table holds.
+- **Tasks ended per minute and status** are read back from the terminal rows through their
+  partial index on updated_at (broker/charts.py): a range scan of the minutes asked for.
+  A minute that ended more than SETTLE_S ago is read once and kept here (a day of them);
+  each answer reads the last minutes live, and the kept ones it lacks newest first, one
+  statement a minute, for at most ANSWER_BUDGET_S (the sampler's thread goes on reading
+  them back, BACKGROUND_BUDGET_S per sample). So an answer costs a bounded read however
+  many tasks ended in the range: on a busy database just started, the charts fill in from
+  now backwards over a few refreshes (``complete_from`` says how far back they are read).
 - **Recoveries per bucket and rule** come from tether_recovery_minutes (migration 15), a
   few rows per minute at most, written by the workers with their heartbeats.
 - **Depth and lag per queue** have no history in the database: this dashboard samples them
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tether.broker import PostgresBroker, charts
+from tether.broker import PostgresBroker, browse, charts
 from tether.broker.charts import Finished, QueueSample
 from tether.metrics import rules
 from tether.web.jsonout import ApiError
@@ -47,23 +50,19 @@ RANGES: Mapping[str, Range] = {
     "1h": Range(3600, 60, 0),
     "24h": Range(86_400, 900, 300),
 }
-#: A bucket that ended this long ago is taken as final: a task's end is stamped by the
+#: A minute that ended this long ago is taken as final: a task's end is stamped by the
 #: statement that ends it, so only a transaction open longer than this could still add one.
 SETTLE_S = 120
+MINUTE = timedelta(minutes=1)
+#: How long one answer may spend reading kept minutes back (each is one statement, so one
+#: minute's read can go over); what is left is read by later answers and the sampler.
+ANSWER_BUDGET_S = 0.5
+BACKGROUND_BUDGET_S = 1.0
+#: No statement of the charts runs longer (tether.web.api's limit for every read).
+READ_TIME_LIMIT_MS = 10_000
 #: How often the queues are sampled (and how long an answer is served again).
 SAMPLE_S = 10.0
 ANSWER_MAX_AGE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """One read of the database for an answer."""
-
-    now: datetime  # the database's
-    points: list[datetime]  # each bucket's start, oldest first
-    read_from: datetime  # the ends read (the buckets before were settled here)
-    finished: list[Finished]
-    recoveries: list[charts.Recoveries]
 
 
 class Charts:
@@ -75,7 +74,10 @@ class Charts:
         self.samples: deque[tuple[datetime, list[QueueSample]]] = deque(
             maxlen=int(max(RANGES.values(), key=lambda r: r.span_s).span_s / sample_s) + 1
         )
-        self._settled: dict[str, dict[datetime, list[Finished]]] = {name: {} for name in RANGES}
+        # Settled minutes of the last day: {minute: what ended in it}. The lock: the answers
+        # and the sampler's thread read them back in turns.
+        self._minutes: dict[datetime, list[Finished]] = {}
+        self._reading = threading.Lock()
         self._answers: dict[str, tuple[float, dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,9 +100,35 @@ class Charts:
         while not self._stop.is_set():
             try:
                 self.sample()
+                self.read_back(BACKGROUND_BUDGET_S)
             except Exception as exc:  # the database is away: the next sample tries again
                 log.warning("dashboard could not sample the queues for the charts: %s", exc)
             self._stop.wait(self.sample_s)
+
+    def read_back(self, budget_s: float, span_s: int | None = None) -> None:
+        """Read the settled minutes of the last ``span_s`` (a day) not kept yet, newest first,
+        one statement each, until ``budget_s`` is spent."""
+        span = timedelta(seconds=span_s or max(r.span_s for r in RANGES.values()))
+        with self._reading:
+
+            def work(conn: Any) -> None:
+                with conn.transaction():
+                    browse.limit_time(conn, READ_TIME_LIMIT_MS)
+                    now = charts.database_now(conn)
+                    live_from = _floor(now - timedelta(seconds=SETTLE_S), 60)
+                    oldest = _floor(now - span, 60)
+                    for old in [m for m in self._minutes if m < oldest - MINUTE]:
+                        del self._minutes[old]
+                    deadline = time.monotonic() + budget_s
+                    minute = live_from - MINUTE
+                    while minute >= oldest and time.monotonic() < deadline:
+                        if minute not in self._minutes:
+                            self._minutes[minute] = charts.finished_per_bucket(
+                                conn, minute, minute + MINUTE, 60
+                            )
+                        minute -= MINUTE
+
+            self.broker.run(work)
 
     def sample(self) -> None:
         """Read every queue's depth and lag now, and keep them."""
@@ -131,45 +159,45 @@ class Charts:
             return shown
 
     def _read(self, name: str, spec: Range) -> dict[str, Any]:
-        bucket = timedelta(seconds=spec.bucket_s)
-        settled = self._settled[name]
+        self.read_back(ANSWER_BUDGET_S, spec.span_s)
 
-        def work(conn: Any) -> _Read:
+        def work(conn: Any) -> tuple[datetime, list[Finished], list[charts.Recoveries]]:
             with conn.transaction():
+                browse.limit_time(conn, READ_TIME_LIMIT_MS)
                 # The database's clock: it stamped the ends, so it says which minutes are over.
                 now = charts.database_now(conn)
-                first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
-                points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
-                # From the first bucket not settled here yet (after one answer, every bucket
-                # is but those of the last SETTLE_S).
-                read_from = next((at for at in points if at not in settled), now)
-                return _Read(
+                live_from = _floor(now - timedelta(seconds=SETTLE_S), 60)
+                first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + timedelta(
+                    seconds=spec.bucket_s
+                )
+                return (
                     now,
-                    points,
-                    read_from,
-                    charts.finished_per_bucket(conn, read_from, spec.bucket_s),
+                    charts.finished_per_bucket(conn, live_from, datetime.max.replace(tzinfo=UTC), 60),
                     charts.recoveries_per_bucket(conn, first, spec.bucket_s),
                 )
 
-        got = self.broker.run(work)
-        now, points, read_from, first = got.now, got.points, got.read_from, got.points[0]
-        for old in [at for at in settled if at < first]:
-            del settled[old]
-        found: dict[datetime, list[Finished]] = {}
-        for row in got.finished:
-            found.setdefault(row.at, []).append(row)
-        settle_before = now - timedelta(seconds=SETTLE_S)
-        for at in points:
-            if at >= read_from and at + bucket <= settle_before:
-                settled[at] = found.get(at, [])
-        rows = [r for at in points for r in (settled[at] if at < read_from else found.get(at, []))]
+        now, live, recoveries = self.broker.run(work)
+        bucket = timedelta(seconds=spec.bucket_s)
+        first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
+        points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
+        live_from = _floor(now - timedelta(seconds=SETTLE_S), 60)
+        with self._reading:
+            kept = dict(self._minutes)
+        # Back from now, every minute known until the first one not read yet.
+        complete_from = live_from
+        while complete_from - MINUTE >= first and complete_from - MINUTE in kept:
+            complete_from -= MINUTE
+        rows = [r for m, found in kept.items() if complete_from <= m < live_from for r in found] + live
         return {
             "range": name,
             "bucket_s": spec.bucket_s,
             "from": first,
             "to": now,
-            "finished": _finished(points, rows),
-            "recoveries": _recoveries(points, got.recoveries),
+            "complete_from": complete_from if complete_from > first else first,
+            "finished": _finished(
+                points, _rebucket(rows, spec.bucket_s), _floor(complete_from, spec.bucket_s)
+            ),
+            "recoveries": _recoveries(points, recoveries),
             "queues": self._queues(now - timedelta(seconds=spec.span_s), spec.queue_bucket_s),
             "sample_s": self.sample_s,
         }
@@ -194,23 +222,37 @@ class Charts:
         }
 
 
-def _finished(points: Sequence[datetime], rows: list[Finished]) -> dict[str, Any]:
-    """Tasks ended per bucket, one series per status and one per queue (every status)."""
+def _finished(points: Sequence[datetime], rows: list[Finished], known_from: datetime) -> dict[str, Any]:
+    """Tasks ended per bucket, one series per status and one per queue (every status); null
+    for the buckets before ``known_from`` (not read back yet)."""
     index = {at: i for i, at in enumerate(points)}
-    by_status = {s: [0] * len(points) for s in FINISHED_STATUSES}
-    by_queue: dict[str, list[int]] = {}
+    start: list[int | None] = [None if at < known_from else 0 for at in points]
+    by_status = {s: list(start) for s in FINISHED_STATUSES}
+    by_queue: dict[str, list[int | None]] = {}
     for r in rows:
         i = index.get(r.at)
-        if i is None:
+        if i is None or points[i] < known_from:
             continue
-        by_status[r.status][i] += r.n
-        by_queue.setdefault(r.queue, [0] * len(points))[i] += r.n
+        by_status[r.status][i] = (by_status[r.status][i] or 0) + r.n
+        series = by_queue.setdefault(r.queue, list(start))
+        series[i] = (series[i] or 0) + r.n
     return {
         "at": [_epoch(t) for t in points],
         "by_status": by_status,
         "by_queue": dict(sorted(by_queue.items())),
-        "total": {s: sum(v) for s, v in by_status.items()},
+        "total": {s: sum(n or 0 for n in v) for s, v in by_status.items()},
     }
+
+
+def _rebucket(rows: list[Finished], bucket_s: int) -> list[Finished]:
+    """Minutes' rows in buckets of ``bucket_s`` (a multiple of 60)."""
+    if bucket_s == 60:
+        return rows
+    summed: dict[tuple[datetime, str, str], int] = {}
+    for r in rows:
+        key = (_floor(r.at, bucket_s), r.queue, r.status)
+        summed[key] = summed.get(key, 0) + r.n
+    return [Finished(at, queue, status, n) for (at, queue, status), n in summed.items()]
 
 
 def _recoveries(points: Sequence[datetime], rows: list[charts.Recoveries]) -> dict[str, Any]:

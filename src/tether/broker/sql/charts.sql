@@ -5,17 +5,16 @@
 SELECT now() AS now;
 
 -- name: finished_per_bucket
--- Tasks that ended from `since` on, per bucket of `bucket_s` seconds, queue and status. A
+-- Tasks that ended in [since, until), per bucket of `bucket_s` seconds, queue and status. A
 -- range scan of the partial index of terminal tasks (tether_tasks_terminal_idx on
 -- updated_at, which is a terminal row's finishing time): it reads the rows that ended in
--- the range and no other, however many older ones the table holds. The dashboard asks only
--- for the minutes it has not read yet (web/charts.py), so a refresh reads a minute or two
--- of them.
+-- the range and no other, however many older ones the table holds. The dashboard reads each
+-- minute once (web/charts.py): a refresh reads the last two or three minutes.
 SELECT to_timestamp(floor(extract(epoch FROM updated_at) / %(bucket_s)s) * %(bucket_s)s) AS at,
        queue, status, count(*) AS n
 FROM tether_tasks
 WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'EXPIRED')
-  AND updated_at >= %(since)s
+  AND updated_at >= %(since)s AND updated_at < %(until)s
 GROUP BY 1, 2, 3
 ORDER BY 1, 2, 3;
 

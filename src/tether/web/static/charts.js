@@ -51,6 +51,11 @@ export async function section(view, params) {
                 "seconds")
         : empty("chart-lag", "Lag: age of the oldest due PENDING task, per queue", "no queue had a due task waiting when last sampled"),
     ),
+    Date.parse(data.complete_from) > Date.parse(data.from)
+      ? el("p", { class: "muted", id: "charts-partial",
+                  text: `Tasks ended are counted back to ${new Date(data.complete_from).toLocaleTimeString()} so far: ` +
+                        "the older minutes are read back a little at a time (each read is bounded)." })
+      : "",
     el("p", { class: "muted", id: "charts-note",
               text: `Depth and lag are sampled by this dashboard every ${data.sample_s} s since it started` +
                     (data.bucket_s > 60 ? " (the highest of each 5 minutes)" : "") + "." }),
