@@ -58,6 +58,9 @@ MINUTE = timedelta(minutes=1)
 #: minute's read can go over); what is left is read by later answers and the sampler.
 ANSWER_BUDGET_S = 0.5
 BACKGROUND_BUDGET_S = 1.0
+#: A read-back statement reads about this many ended tasks (its minutes adapt to the rate).
+READ_BACK_ROWS = 20_000
+MAX_READ_BACK_MINUTES = 120
 #: No statement of the charts runs longer (tether.web.api's limit for every read).
 READ_TIME_LIMIT_MS = 10_000
 #: How often the queues are sampled (and how long an answer is served again).
@@ -107,7 +110,8 @@ class Charts:
 
     def read_back(self, budget_s: float, span_s: int | None = None) -> None:
         """Read the settled minutes of the last ``span_s`` (a day) not kept yet, newest first,
-        one statement each, until ``budget_s`` is spent."""
+        until ``budget_s`` is spent: a statement per run of minutes, as many minutes as about
+        READ_BACK_ROWS ended in (one at first; more while they are few, fewer when many)."""
         span = timedelta(seconds=span_s or max(r.span_s for r in RANGES.values()))
         with self._reading:
 
@@ -120,13 +124,21 @@ class Charts:
                     for old in [m for m in self._minutes if m < oldest - MINUTE]:
                         del self._minutes[old]
                     deadline = time.monotonic() + budget_s
-                    minute = live_from - MINUTE
-                    while minute >= oldest and time.monotonic() < deadline:
-                        if minute not in self._minutes:
-                            self._minutes[minute] = charts.finished_per_bucket(
-                                conn, minute, minute + MINUTE, 60
-                            )
-                        minute -= MINUTE
+                    end, width = live_from, 1  # read [end - width minutes, end) next
+                    while end > oldest and time.monotonic() < deadline:
+                        if end - MINUTE in self._minutes:
+                            end -= MINUTE
+                            continue
+                        start = max(oldest, end - width * MINUTE)
+                        while any(m in self._minutes for m in _minutes(start, end)):
+                            start += MINUTE  # stop at a minute kept already
+                        found = charts.finished_per_bucket(conn, start, end, 60)
+                        for m in _minutes(start, end):
+                            self._minutes[m] = []
+                        for row in found:
+                            self._minutes[_floor(row.at, 60)].append(row)
+                        width = _next_width(width, sum(r.n for r in found))
+                        end = start
 
             self.broker.run(work)
 
@@ -187,16 +199,16 @@ class Charts:
         complete_from = live_from
         while complete_from - MINUTE >= first and complete_from - MINUTE in kept:
             complete_from -= MINUTE
-        rows = [r for m, found in kept.items() if complete_from <= m < live_from for r in found] + live
+        minutes = [(m, found) for m, found in kept.items() if complete_from <= m < live_from]
+        minutes += [(_floor(r.at, 60), [r]) for r in live]
         return {
             "range": name,
             "bucket_s": spec.bucket_s,
             "from": first,
             "to": now,
             "complete_from": complete_from if complete_from > first else first,
-            "finished": _finished(
-                points, _rebucket(rows, spec.bucket_s), _floor(complete_from, spec.bucket_s)
-            ),
+            # A bucket with a minute not read yet is left out (null), not drawn short.
+            "finished": _finished(points, _in_buckets(minutes, spec.bucket_s), complete_from),
             "recoveries": _recoveries(points, recoveries),
             "queues": self._queues(now - timedelta(seconds=spec.span_s), spec.queue_bucket_s),
             "sample_s": self.sample_s,
@@ -244,14 +256,15 @@ def _finished(points: Sequence[datetime], rows: list[Finished], known_from: date
     }
 
 
-def _rebucket(rows: list[Finished], bucket_s: int) -> list[Finished]:
-    """Minutes' rows in buckets of ``bucket_s`` (a multiple of 60)."""
-    if bucket_s == 60:
-        return rows
+def _in_buckets(minutes: list[tuple[datetime, list[Finished]]], bucket_s: int) -> list[Finished]:
+    """Minutes' rows summed in buckets of ``bucket_s`` (a multiple of 60): a day is 1,440
+    minutes of a row per queue and status each, so each minute is floored once."""
     summed: dict[tuple[datetime, str, str], int] = {}
-    for r in rows:
-        key = (_floor(r.at, bucket_s), r.queue, r.status)
-        summed[key] = summed.get(key, 0) + r.n
+    for minute, found in minutes:
+        at = _floor(minute, bucket_s) if bucket_s != 60 else minute
+        for r in found:
+            key = (at, r.queue, r.status)
+            summed[key] = summed.get(key, 0) + r.n
     return [Finished(at, queue, status, n) for (at, queue, status), n in summed.items()]
 
 
@@ -271,6 +284,19 @@ def _recoveries(points: Sequence[datetime], rows: list[charts.Recoveries]) -> di
         "total": {rule: sum(v) for rule, v in ranked},
         "rules": list(rules.RULES),
     }
+
+
+def _next_width(width: int, rows: int) -> int:
+    """The minutes of the next read-back statement, after one of ``width`` read ``rows``."""
+    if rows < READ_BACK_ROWS // 2:
+        return min(MAX_READ_BACK_MINUTES, width * 2)
+    if rows > READ_BACK_ROWS * 2:
+        return max(1, width // 2)
+    return width
+
+
+def _minutes(start: datetime, end: datetime) -> list[datetime]:
+    return [start + i * MINUTE for i in range(int((end - start) / MINUTE))]
 
 
 def _higher(a: QueueSample, b: QueueSample) -> QueueSample:
