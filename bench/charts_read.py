@@ -13,8 +13,8 @@ real PostgresBroker:
 - the statement's EXPLAIN (ANALYZE, BUFFERS) for one minute and for the live minutes.
 
 Tasks only (no attempts, heartbeats or workflows): the charts read none of them. The
-database is dropped at the end unless --keep (--reuse NAME measures a kept one again; its
-rows end where they ended, so the last hour thins out as time passes).
+database is dropped at the end unless --keep, a reused one too (--reuse NAME measures a kept
+one again; its rows end where they ended, so the last hour thins out as time passes).
 """
 
 from __future__ import annotations
