@@ -5,9 +5,9 @@ Three sources, none on the path that ends a task:
 - **Tasks ended per minute and status** are read back from the terminal rows through their
   partial index on updated_at (broker/charts.py): a range scan of the minutes asked for.
   A minute that ended more than SETTLE_S ago is read once and kept here (a day of them);
-  each answer reads the last minutes live, and the kept ones it lacks newest first, one
-  statement a minute, for at most ANSWER_BUDGET_S (the sampler's thread goes on reading
-  them back, BACKGROUND_BUDGET_S per sample). So an answer costs a bounded read however
+  each answer reads the last minutes live, and the kept ones it lacks newest first, a run
+  of minutes per statement, for at most ANSWER_BUDGET_S (the sampler's thread goes on
+  reading them back, BACKGROUND_BUDGET_S per sample). So an answer costs a bounded read however
   many tasks ended in the range: on a busy database just started, the charts fill in from
   now backwards over a few refreshes (``complete_from`` says how far back they are read).
 - **Recoveries per bucket and rule** come from tether_recovery_minutes (migration 15), a
@@ -69,7 +69,7 @@ ANSWER_MAX_AGE_S = 5.0
 
 
 class Charts:
-    """The chart data of one dashboard: its cache of settled buckets and its queue samples."""
+    """The chart data of one dashboard: the minutes it has read, and its queue samples."""
 
     def __init__(self, broker: PostgresBroker, *, sample_s: float = SAMPLE_S) -> None:
         self.broker = broker
@@ -172,30 +172,34 @@ class Charts:
 
     def _read(self, name: str, spec: Range) -> dict[str, Any]:
         self.read_back(ANSWER_BUDGET_S, spec.span_s)
+        with self._reading:
+            kept = dict(self._minutes)
+        bucket = timedelta(seconds=spec.bucket_s)
 
-        def work(conn: Any) -> tuple[datetime, list[Finished], list[charts.Recoveries]]:
+        def work(conn: Any) -> tuple[datetime, datetime, list[Finished], list[charts.Recoveries]]:
             with conn.transaction():
                 browse.limit_time(conn, READ_TIME_LIMIT_MS)
                 # The database's clock: it stamped the ends, so it says which minutes are over.
                 now = charts.database_now(conn)
+                first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
+                # Live from the first minute not over, or earlier if the minute before it is not
+                # kept yet (a minute may have ended since the read-back; at most two).
                 live_from = _floor(now - timedelta(seconds=SETTLE_S), 60)
-                first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + timedelta(
-                    seconds=spec.bucket_s
-                )
+                for _ in range(2):
+                    if live_from - MINUTE in kept:
+                        break
+                    live_from -= MINUTE
                 return (
                     now,
+                    live_from,
                     charts.finished_per_bucket(conn, live_from, datetime.max.replace(tzinfo=UTC), 60),
                     charts.recoveries_per_bucket(conn, first, spec.bucket_s),
                 )
 
-        now, live, recoveries = self.broker.run(work)
-        bucket = timedelta(seconds=spec.bucket_s)
+        now, live_from, live, recoveries = self.broker.run(work)
         first = _floor(now - timedelta(seconds=spec.span_s), spec.bucket_s) + bucket
         points = [first + i * bucket for i in range(spec.span_s // spec.bucket_s)]
-        live_from = _floor(now - timedelta(seconds=SETTLE_S), 60)
-        with self._reading:
-            kept = dict(self._minutes)
-        # Back from now, every minute known until the first one not read yet.
+        # Back from the live minutes, every minute known until the first one not read yet.
         complete_from = live_from
         while complete_from - MINUTE >= first and complete_from - MINUTE in kept:
             complete_from -= MINUTE
@@ -206,7 +210,7 @@ class Charts:
             "bucket_s": spec.bucket_s,
             "from": first,
             "to": now,
-            "complete_from": complete_from if complete_from > first else first,
+            "complete_from": max(complete_from, first),
             # A bucket with a minute not read yet is left out (null), not drawn short.
             "finished": _finished(points, _in_buckets(minutes, spec.bucket_s), complete_from),
             "recoveries": _recoveries(points, recoveries),
