@@ -19,7 +19,7 @@ from tests.integration.test_dashboard import get
 from tether import RecoveryConfig
 from tether.broker import PostgresBroker, retention
 from tether.broker.queries import q
-from tether.metrics import rules
+from tether.metrics import recovery_tally, rules
 from tether.web import charts
 from tether.web.dashboard import DashboardServer
 
@@ -237,8 +237,6 @@ def test_retention_prunes_recovery_counts_with_the_terminal_tasks(
 
 @pytest.mark.parametrize("n", [0, -1])
 def test_the_tally_ignores_nothing_recovered(n: int) -> None:
-    from tether.worker import recovery_tally
-
     recovery_tally.take()
     recovery_tally.add(rules.DEAD_CHILD, n)
     assert recovery_tally.take() == {}

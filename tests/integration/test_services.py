@@ -32,7 +32,7 @@ from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.queries import q
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig
 from tether.db.connection import DedicatedConnection
-from tether.worker import recovery_tally
+from tether.metrics import recovery_tally
 from tether.worker.heartbeat import SNAPSHOT_EVERY, Heartbeat
 from tether.worker.reaper import PRUNE_AGAIN_S, Reaper
 from tether.worker.retention import Retention

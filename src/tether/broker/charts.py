@@ -4,7 +4,7 @@ the queues' depth and lag now, and the worker's write of the recoveries it talli
 Nothing here is on the path that ends a task: the finished counts are read back from the
 terminal rows through their index (a range of the minutes asked for, never the history),
 and the recoveries come from tether_recovery_minutes (migration 15), which workers add to
-with their heartbeat (tether/worker/recovery_tally.py).
+with their heartbeat (tether/metrics/recovery_tally.py).
 """
 
 from __future__ import annotations

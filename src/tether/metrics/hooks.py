@@ -1,7 +1,7 @@
 """The calls the worker's main process makes where something worth counting happens.
 
 Each is a no-op (one test of a module global) until ``install`` gives a sink (recoveries
-are also tallied for the dashboard's charts, always: worker/recovery_tally.py): a worker
+are also tallied for the dashboard's charts, always: metrics/recovery_tally.py): a worker
 started without --metrics-port pays nothing else, and imports no prometheus_client. The
 children never call these: what they did reaches the main process over their pipe
 (protocol.DONE, protocol.BATCH), and the main process counts it here, so one registry in
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from tether.metrics import rules
-from tether.worker import recovery_tally
+from tether.metrics import recovery_tally, rules
 
 if TYPE_CHECKING:
     from tether.broker.claims import TaskPayload
@@ -70,7 +69,7 @@ def heartbeat(seconds: float | None) -> None:
 def recovered(rule: str, n: int = 1) -> None:
     """``n`` tasks were recovered by ``rule`` (one of tether.metrics.rules.RULES).
 
-    Tallied for the dashboard's chart even without a sink (worker/recovery_tally.py)."""
+    Tallied for the dashboard's chart even without a sink (metrics/recovery_tally.py)."""
     recovery_tally.add(rule, n)
     if _sink is not None and n:
         _sink.recovered(rule, n)

@@ -267,7 +267,7 @@ class Dispatcher:
             verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             verdicts = {task.id: verdict for task in held}
         # Always, metrics or not: the dashboard's chart of recoveries tallies them too
-        # (worker/recovery_tally.py).
+        # (metrics/recovery_tally.py).
         for task, rule in recovery_rules(held, verdicts, killed_for, killed_as):
             hooks.recovered(rule)
             if self.traced:

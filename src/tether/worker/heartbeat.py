@@ -24,8 +24,7 @@ from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
 from tether.broker.types import AsyncConn
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import AsyncDedicatedConnection
-from tether.metrics import hooks
-from tether.worker import recovery_tally
+from tether.metrics import hooks, recovery_tally
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
 
