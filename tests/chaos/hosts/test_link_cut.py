@@ -120,8 +120,13 @@ def recovered_at(conn: Any, task_id: Any) -> datetime:
 
 
 def last_beat(conn: Any, task_id: Any, sender: str) -> datetime:
+    """When ``sender``'s attempt at the task was last heard of, as the recovery rule counts it
+    (broker/sql/recovery.sql): its last runner heartbeat, or its start if it sent none yet (a
+    cut that comes less than a heartbeat interval after the start: CI met one)."""
     row = conn.execute(
-        "SELECT max(sent_at) AS at FROM tether_heartbeats WHERE task_id = %s AND sender_id = %s",
+        "SELECT greatest(a.started_at, (SELECT max(h.sent_at) FROM tether_heartbeats h"
+        "  WHERE h.task_id = a.task_id AND h.sender_id = a.worker_id)) AS at"
+        " FROM tether_task_attempts a WHERE a.task_id = %s AND a.worker_id = %s",
         (task_id, sender),
     ).fetchone()
     return row["at"]
