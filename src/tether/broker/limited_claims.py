@@ -1,8 +1,8 @@
 """The limited claim and the limits themselves (limited_claims.sql; docs/limits.md).
 
-A flow-controlled queue (a row in tether_queue_limits) is claimed only here: two statements
-in one transaction, the first taking the locks, the second counting the slots in use with a
-snapshot newer than the locks and claiming into the room left. Everything after the claim
+A flow-controlled queue (a row in tether_queue_limits) is claimed only here: one statement
+that takes the locks, counts the slots in use (and the rates' tokens) with snapshots newer
+than the locks (VOLATILE functions, migration 0016) and claims into the room left. Everything after the claim
 (start, outcome, give-back, recovery) is the plain path's: a slot is the task's in-flight row.
 """
 
@@ -57,45 +57,37 @@ async def claim_limited(
     """Claim from flow-controlled ``queue``: up to ``limit`` tasks not in ``async_names`` and up to
     ``async_limit`` in it, within every limit. ``idle``: how many of them children would start
     at once (None: all); the rest wait for a child, which the claim allows only while the
-    queue and the key stay within half their limits. Moves ``cursor`` on. Runs its own
-    transaction."""
+    queue and the key stay within half their limits. Moves ``cursor`` on. One statement: its
+    own transaction on an autocommit connection."""
     wanted = limit + async_limit
     window = max(32, 4 * wanted)
     after = cursor.after
-    async with conn.transaction():
-        cur = await conn.execute(
-            q("limited_keys"),
-            {
-                "queue": queue,
-                "cursor": after,
-                "window": window,
-                "wanted": wanted,
-                "skip_names": skip_names,
-            },
-        )
-        rows = await cur.fetchall()
-        keys = [r["key"] for r in rows if r["key"] is not None and r["locked"]]
-        weights = {r["key"]: r["weight"] for r in rows if r["key"] is not None}
-        contended = any(r["key"] is not None and not r["locked"] for r in rows)
-        more_keys = bool(rows and rows[0]["window_full"])
-        window_end = (rows[0]["window_end"] or "") if more_keys else cursor.after
-        cur = await conn.execute(
-            q("limited_claim"),
-            {
-                "queue": queue,
-                "keys": keys,
-                "unkeyed": cursor.unkeyed,
-                "unkeyed_window": window,
-                "limit": wanted,
-                "other_limit": limit,
-                "async_limit": async_limit,
-                "async_names": async_names,
-                "skip_names": skip_names,
-                "worker_id": worker_id,
-                "idle": wanted if idle is None else max(0, idle),
-            },
-        )
-        claimed = await cur.fetchall()
+    # One statement, its own transaction (the caller's, if it opened one: the bench rolls
+    # back): the locks, the counts after them, and the claim (limited_claims.sql).
+    cur = await conn.execute(
+        q("limited_claim"),
+        {
+            "queue": queue,
+            "cursor": after,
+            "window": window,
+            "wanted": wanted,
+            "skip_names": skip_names,
+            "unkeyed": cursor.unkeyed,
+            "unkeyed_window": window,
+            "other_limit": limit,
+            "async_limit": async_limit,
+            "async_names": async_names,
+            "worker_id": worker_id,
+            "idle": wanted if idle is None else max(0, idle),
+        },
+    )
+    claimed = await cur.fetchall()
+    summary = claimed[0]
+    keys: list[str] = list(summary["keys_locked"])
+    weights = dict(zip(keys, summary["weights"], strict=True))
+    contended = bool(summary["contended"])
+    more_keys = bool(summary["window_full"])
+    window_end = (summary["window_end"] or "") if more_keys else cursor.after
     tasks = [TaskPayload.from_row(row) for row in claimed if row["id"] is not None]
     # The next claim starts after the last key (in turn) this one took a task of: round-robin.
     # With none taken, after this window when more keys lie beyond it, else where it was (a

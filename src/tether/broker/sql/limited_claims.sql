@@ -2,40 +2,73 @@
 -- (one with a row in tether_queue_limits; the plain claim_tasks leaves such a queue alone).
 --
 -- The slot IS the row: a task holds a slot while its row is CLAIMED or RUNNING, so a
--- claim counts those rows, under a lock, and takes no more than the room left. Two
--- statements in one READ COMMITTED transaction (broker/limited_claims.py):
---   1. limited_keys takes the locks: the queue's (blocking, only when the queue has a
---      max_in_flight or a rate limit) and one per key it means to claim from
---      (pg_try_advisory_xact_lock: a key another claimer holds is skipped, as SKIP LOCKED
---      skips a row, so nobody waits and nobody deadlocks).
---   2. limited_claim counts the slots in use and claims. Its snapshot is taken after the
---      locks were granted, so it sees every claim committed by whoever held them before:
---      counting inside the statement that takes the lock would use a snapshot older than
---      the lock and could miss a claim committed while it waited.
+-- claim counts those rows, under a lock, and takes no more than the room left. One
+-- statement (one round trip, its own transaction):
+--   - it takes the locks: the queue's (blocking, only when the queue has a max_in_flight or
+--     a rate limit) and one per key it means to claim from (pg_try_advisory_xact_lock: a
+--     key another claimer holds is skipped, as SKIP LOCKED skips a row, so nobody waits
+--     and nobody deadlocks);
+--   - it counts the slots in use, and reads the rate's tokens, AFTER the locks, through the
+--     VOLATILE functions of migration 0016 (tether_queue_in_flight, tether_key_in_flight,
+--     tether_queue_tokens, tether_key_tokens_at), each called with an argument that comes
+--     from the lock: each of their statements takes a snapshot newer than the lock, so it
+--     sees every claim committed by whoever held it before. The statement's own snapshot
+--     is older (taken before it waited), which is harmless where it is used: to choose
+--     candidates (the key window, the heads), and to lock PENDING rows FOR UPDATE, which
+--     rechecks a row another claimer changed since (READ COMMITTED: its status is no longer
+--     PENDING, so it is skipped).
 -- Nothing else adds to a limited queue's in-flight rows (the plain claim skips the queue),
 -- and whatever ends a task (outcome, retry, give-back, reaper, operator) can only free
 -- slots, so the count is exact whatever dies: a dead worker's task holds its slot until
 -- recovery settles its row.
 
--- name: limited_keys
+-- name: limited_claim
 -- Its LIMITs are (SELECT %(x)s), values the planner does not see, as in claim_tasks: the
 -- prepared statement then keeps one generic plan instead of planning every claim afresh.
--- The keys to claim from, locked. Keys are visited round-robin: a window of at most
--- `window` distinct keys with due work, from just after `cursor` (the end of the previous
--- window, kept by the worker) wrapping to the start, found by a skip scan of
--- tether_tasks_key_claim_idx (one probe per key, whatever each key's backlog). Of the
--- window, the keys with room, best head priority first, then the least busy for their
--- weight, then in turn from the cursor, as many as `wanted`, each try-locked. One row per
--- key (key NULL when none), in turn order, with the window's last key and whether it was
--- full. The worker's next cursor is the last of these keys that the claim took a task of.
+--
+-- Keys are visited round-robin: a window of at most `window` distinct keys with due work,
+-- from just after `cursor` (the end of the previous window, kept by the worker) wrapping to
+-- the start, found by a skip scan of tether_tasks_key_claim_idx (one probe per key,
+-- whatever each key's backlog). Of the window, the keys with room, best head priority
+-- first, then the least busy for their weight, then in turn from the cursor, as many as
+-- `wanted`, each try-locked (`chosen`). Then the claim from the locked keys (and, when
+-- `unkeyed`, from the queue's tasks without a key): the room per key (per_key minus its
+-- busy rows, and its rate's tokens), per queue (max_in_flight minus the queue's busy rows),
+-- per rate (the queue's token bucket), and per kind of child (as claim_tasks). Between keys
+-- the turn is round-robin: a row's turn is its key's busy count plus its place in the key,
+-- divided by the key's weight; rows are taken best priority first, then lowest turn.
+--
+-- Time: the rates' tokens are refilled up to clock_timestamp() read after the lock (the
+-- queue's, or the key's), not to now(): this statement may have started before the last
+-- holder of the lock claimed, and refilling from a time before its claim would reorder the
+-- bucket. claimed_at is clock_timestamp() too, so claims of a queue are stamped in the
+-- order they were made.
+--
+-- One row per claimed task, or one row of NULLs, each with the claim's summary: the keys it
+-- locked in turn order with their weights, whether a key was held by another claimer,
+-- whether the window was full and its last key, and whether tasks without a key were found.
 WITH RECURSIVE
 queue_lock AS MATERIALIZED (
-    SELECT l.per_key, coalesce(l.key_weights, '{}') AS key_weights,
+    SELECT l.max_in_flight, l.per_key, coalesce(l.key_weights, '{}') AS key_weights, l.rate_limit,
+           l.key_rate_limit, l.key_rate_period_ms, coalesce(l.key_burst, l.key_rate_limit) AS key_burst,
            CASE WHEN l.max_in_flight IS NOT NULL OR l.rate_limit IS NOT NULL
-                THEN pg_advisory_xact_lock(hashtextextended('tether_queue_limit ' || l.queue, 0)) END
+                -- true once granted (the lock returns void): an argument for what runs after it
+                THEN pg_advisory_xact_lock(hashtextextended('tether_queue_limit ' || l.queue, 0))::text = '' END
                AS locked
     FROM (SELECT %(queue)s::text AS queue) q
     LEFT JOIN tether_queue_limits l ON l.queue = q.queue
+),
+queue_time AS MATERIALIZED (
+    -- After the queue's lock (this reads its row): the time its tokens are refilled to.
+    SELECT ql.*, clock_timestamp() AS at FROM queue_lock ql
+),
+lim AS MATERIALIZED (
+    SELECT qt.max_in_flight, qt.per_key, qt.key_weights, qt.key_rate_limit, qt.key_rate_period_ms,
+           qt.key_burst,
+           CASE WHEN qt.max_in_flight IS NOT NULL THEN tether_queue_in_flight(%(queue)s, qt.locked) END
+               AS queue_busy,
+           CASE WHEN qt.rate_limit IS NOT NULL THEN tether_queue_tokens(%(queue)s, qt.at) END AS tokens
+    FROM queue_time qt
 ),
 after_cursor (key) AS (
     (SELECT t.concurrency_key FROM tether_tasks t
@@ -68,6 +101,8 @@ key_window AS MATERIALIZED (
     LIMIT (SELECT %(window)s::int)
 ),
 heads AS (
+    -- busy here is read with the statement's snapshot: good enough to order the keys; the
+    -- count the limit is held to is read after the key's lock (keys, below).
     SELECT w.key, w.part, h.priority, h.run_at,
            coalesce((queue_lock.key_weights ->> w.key)::float8, 1.0) AS weight,
            (SELECT count(*) FROM tether_tasks f
@@ -84,7 +119,7 @@ heads AS (
     ) h
 ),
 chosen AS MATERIALIZED (
-    SELECT ranked.key, ranked.part, ranked.busy, ranked.weight,
+    SELECT ranked.key, ranked.part, ranked.weight,
            pg_try_advisory_xact_lock(hashtextextended(%(queue)s || chr(31) || ranked.key, 0)) AS locked
     FROM (
         SELECT heads.key, heads.part, heads.busy, heads.weight FROM heads, queue_lock
@@ -97,64 +132,36 @@ chosen AS MATERIALIZED (
         ORDER BY heads.priority DESC, floor(heads.busy / heads.weight), heads.part, heads.key
         LIMIT (SELECT %(wanted)s::int)
     ) ranked
-)
-SELECT c.key, c.busy, c.weight, coalesce(c.locked, false) AS locked, e.window_end, e.window_full
-FROM (
-    SELECT (SELECT key FROM key_window ORDER BY part DESC, key DESC LIMIT 1) AS window_end,
-           (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
-           (SELECT count(*) FROM queue_lock) AS locked_queue
-) e
-LEFT JOIN chosen c ON true
-ORDER BY c.part, c.key;
-
--- name: limited_claim
--- Claim from the keys limited_keys locked (and, when `unkeyed`, from the queue's tasks
--- without a key): count the slots in use now (this statement's snapshot is newer than the
--- locks), and take at most the room left: per key (per_key minus its busy rows), per queue
--- (max_in_flight minus the queue's busy rows), per rate (the token bucket), and per kind of
--- child (as claim_tasks). Between keys the turn is round-robin: a row's turn is its key's
--- busy count plus its place in the key, divided by the key's weight; rows are taken best
--- priority first, then lowest turn. The limits are read here, from the table, so a change
--- holds from its commit on for every worker. Time here is statement_timestamp(), not now():
--- this statement starts after the queue's lock was granted, so claims of the queue are
--- stamped, and its tokens refilled, in the order they were made (a transaction that began
--- first but waited for the lock would otherwise refill from a time before the last claim).
-WITH lim AS (
-    SELECT l.max_in_flight, l.per_key, l.key_weights,
-           CASE WHEN l.rate_limit IS NOT NULL THEN
-               least(coalesce(l.burst, l.rate_limit)::float8,
-                     coalesce(l.tokens, coalesce(l.burst, l.rate_limit)::float8)
-                     + extract(epoch FROM statement_timestamp() - coalesce(l.refilled_at, statement_timestamp())) * 1000.0
-                       / l.rate_period_ms * l.rate_limit)
-           END AS tokens
-    FROM (SELECT %(queue)s::text AS queue) q
-    LEFT JOIN tether_queue_limits l ON l.queue = q.queue
-), queue_busy AS (
-    SELECT (SELECT count(*) FROM tether_tasks f
-            WHERE f.queue = %(queue)s AND f.status IN ('CLAIMED', 'RUNNING'))::int AS n
-), room AS (
+),
+key_time AS MATERIALIZED (
+    -- After each key's lock: the time its tokens are refilled to.
+    SELECT c.key, c.part, c.weight, c.locked, clock_timestamp() AS at FROM chosen c WHERE c.locked
+),
+keys AS MATERIALIZED (
+    SELECT kt.key, row_number() OVER (ORDER BY kt.part, kt.key) AS place, kt.weight, kt.at, lim.per_key,
+           tether_key_in_flight(%(queue)s, kt.key, kt.locked) AS busy,
+           CASE WHEN lim.key_rate_limit IS NOT NULL
+                THEN tether_key_tokens_at(%(queue)s, kt.key, kt.at, lim.key_rate_limit,
+                                          lim.key_rate_period_ms, lim.key_burst) END AS tokens
+    FROM key_time kt, lim
+),
+room AS (
     SELECT greatest(0, least(
-        %(limit)s::int,
-        coalesce(lim.max_in_flight - queue_busy.n, %(limit)s::int),
-        coalesce(floor(lim.tokens)::int, %(limit)s::int)
+        %(wanted)s::int,
+        coalesce(lim.max_in_flight - lim.queue_busy, %(wanted)s::int),
+        coalesce(floor(lim.tokens)::int, %(wanted)s::int)
     )) AS n,
     -- Past the idle children, a claim prefetches (tasks held until a child is free) only
     -- while the queue stays within half its max_in_flight: a limit that binds gives its
     -- slots to tasks that start at once, one that does not keeps the plain claim's speed.
-    greatest(0, least(coalesce(lim.max_in_flight / 2 - queue_busy.n, %(limit)s::int), %(limit)s::int))
+    greatest(0, least(coalesce(lim.max_in_flight / 2 - lim.queue_busy, %(wanted)s::int), %(wanted)s::int))
         AS prefetch_room
-    FROM lim, queue_busy
-), keys AS (
-    SELECT k.key, k.place, coalesce((lim.key_weights ->> k.key)::float8, 1.0) AS weight, lim.per_key,
-           (SELECT count(*) FROM tether_tasks f
-            WHERE f.queue = %(queue)s AND f.concurrency_key = k.key
-              AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
-    FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k (key, place), lim
+    FROM lim
 ), level AS (
     -- Water-filling: the turn every key would reach if this claim's tasks were shared out
     -- by weight on top of what each key has in flight. A key reads only the rows that can
-    -- come before it (+1), so a claim locks about `limit` + keys rows, not `limit` per key.
-    SELECT (%(limit)s + coalesce(sum(busy), 0))::float8 / greatest(coalesce(sum(weight), 1), 0.001) AS turn
+    -- come before it (+1), so a claim locks about `wanted` + keys rows, not `wanted` per key.
+    SELECT (%(wanted)s + coalesce(sum(busy), 0))::float8 / greatest(coalesce(sum(weight), 1), 0.001) AS turn
     FROM keys
 ), keyed AS (
     -- The round a row would run in: a key of weight w takes w rows a round (ceil), so every
@@ -172,7 +179,8 @@ WITH lim AS (
               AND t.run_at <= now() AND (t.good_until IS NULL OR t.good_until > now())
               AND t.name <> ALL(%(skip_names)s::text[])
             ORDER BY t.priority DESC, t.run_at, t.id
-            LIMIT greatest(0, least(coalesce(keys.per_key - keys.busy, %(limit)s::int), %(limit)s::int,
+            LIMIT greatest(0, least(coalesce(keys.per_key - keys.busy, %(wanted)s::int), %(wanted)s::int,
+                                    coalesce(floor(keys.tokens)::int, %(wanted)s::int),
                                     ceil((SELECT turn FROM level) * keys.weight)::int - keys.busy + 1))
             FOR UPDATE SKIP LOCKED
         ) x
@@ -200,7 +208,7 @@ WITH lim AS (
           AND (t.good_until IS NULL OR t.good_until > now())
           AND t.name <> ALL(%(skip_names)s::text[])
         ORDER BY t.priority DESC, t.run_at, t.id
-        LIMIT (SELECT %(limit)s::int)
+        LIMIT (SELECT %(wanted)s::int)
         FOR UPDATE OF t SKIP LOCKED
     ) x
 ), candidates AS (
@@ -227,23 +235,39 @@ WITH lim AS (
 ), claimed AS (
     -- synchronous_commit off: as claim_tasks (claims.sql) explains.
     UPDATE tether_tasks t
-    SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = statement_timestamp(), updated_at = now(),
+    SET status = 'CLAIMED', attempt = t.attempt + 1, claimed_at = clock_timestamp(), updated_at = now(),
         claimed_by_worker_id = %(worker_id)s, limited = true
     FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
     WHERE t.id = picked.id
     RETURNING t.id, t.name, t.queue, t.args::text, t.kwargs::text, t.attempt, t.retry_count,
-              t.max_retries, t.retry_policy::text, t.workflow_id, t.concurrency_key
+              t.max_retries, t.retry_policy::text, t.workflow_id, t.concurrency_key, t.trace_context
 ), spent AS (
-    -- The rate's tokens: refilled up to now, less what this claim took. Written only when
-    -- it took some (the refill is computed from refilled_at, so skipping a write loses none).
+    -- The rate's tokens: refilled up to the lock's time, less what this claim took. Written
+    -- only when it took some (the refill is computed from refilled_at, so skipping a write
+    -- loses none). The row is updated in its newest version (READ COMMITTED), under the lock.
     UPDATE tether_queue_limits l
-    SET tokens = (SELECT tokens FROM lim) - (SELECT count(*) FROM claimed), refilled_at = statement_timestamp()
+    SET tokens = (SELECT tokens FROM lim) - (SELECT count(*) FROM claimed),
+        refilled_at = (SELECT at FROM queue_time)
     WHERE l.queue = %(queue)s AND l.rate_limit IS NOT NULL AND EXISTS (SELECT 1 FROM claimed)
+), key_spent AS (
+    -- The same per key, for the keys this claim took tasks of (under each key's lock).
+    INSERT INTO tether_key_tokens AS kt (queue, concurrency_key, tokens, refilled_at)
+    SELECT %(queue)s, keys.key, keys.tokens - n.taken, keys.at
+    FROM keys
+    JOIN (SELECT concurrency_key, count(*) AS taken FROM claimed GROUP BY concurrency_key) n
+        ON n.concurrency_key = keys.key
+    WHERE keys.tokens IS NOT NULL
+    ON CONFLICT (queue, concurrency_key) DO UPDATE SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at
+), summary AS (
+    SELECT coalesce((SELECT array_agg(k.key ORDER BY k.part, k.key) FROM key_time k), '{}') AS keys_locked,
+           coalesce((SELECT array_agg(k.weight ORDER BY k.part, k.key) FROM key_time k), '{}') AS weights,
+           EXISTS (SELECT 1 FROM chosen c WHERE NOT c.locked) AS contended,
+           (SELECT key FROM key_window ORDER BY part DESC, key DESC LIMIT 1) AS window_end,
+           (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
+           EXISTS (SELECT 1 FROM unkeyed) AS unkeyed_seen
 )
--- One row per claimed task, or one row of NULLs: unkeyed_seen says whether tasks without a
--- key were found (claimed or not), so the worker knows whether to look for them next time.
-SELECT c.*, u.unkeyed_seen
-FROM (SELECT count(*) > 0 AS unkeyed_seen FROM unkeyed) u
+SELECT c.*, s.keys_locked, s.weights, s.contended, s.window_end, s.window_full, s.unkeyed_seen
+FROM summary s
 LEFT JOIN claimed c ON true;
 
 -- name: queue_limits_of
