@@ -122,12 +122,17 @@ def _move_cursor(
 
 async def limited_queues(conn: AsyncConn, queues: list[str]) -> dict[str, float | None]:
     """Which of ``queues`` are flow-controlled now, each with the seconds one token of its rate
-    takes to come back (None: no rate limit)."""
+    takes to come back, the queue's or a key's, whichever is sooner (None: no rate limit)."""
     cur = await conn.execute(q("queue_limits_of"), {"queues": queues})
-    return {
-        row["queue"]: row["rate_period_ms"] / 1000 / row["rate_limit"] if row["rate_limit"] else None
-        for row in await cur.fetchall()
-    }
+    found: dict[str, float | None] = {}
+    for row in await cur.fetchall():
+        token_s = [
+            row[period] / 1000 / row[rate]
+            for rate, period in (("rate_limit", "rate_period_ms"), ("key_rate_limit", "key_rate_period_ms"))
+            if row[rate]
+        ]
+        found[row["queue"]] = min(token_s) if token_s else None
+    return found
 
 
 async def declare_limits(conn: AsyncConn, limits: dict[str, QueueLimits], set_by: str) -> list[str]:
@@ -158,8 +163,17 @@ def _limit_params(queue: str, lim: QueueLimits, set_by: str) -> dict[str, Any]:
         "rate_period_ms": lim.rate_period_ms,
         "burst": lim.burst,
         "key_weights": json.dumps(lim.key_weights, sort_keys=True),
+        "key_rate_limit": lim.key_rate_limit,
+        "key_rate_period_ms": lim.key_rate_period_ms,
+        "key_burst": lim.key_burst,
         "set_by": set_by,
     }
+
+
+def prune_key_tokens(conn: Conn) -> int:
+    """Drop per-key rate buckets that are full again, or whose queue has no per-key rate now
+    (the reaper's pass); how many."""
+    return conn.execute(q("prune_key_tokens")).rowcount
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +189,12 @@ class LimitUse:
     busiest_key_in_flight: int
     keys_at_limit: int  # keys with per_key tasks in flight
     tokens: float | None  # the rate's tokens now (None: no rate limit)
+    keys_out_of_tokens: int | None = None  # keys with less than one token of the per-key rate
 
     @classmethod
     def from_row(cls, row: Row) -> LimitUse:
         period = row["rate_period_ms"]
+        key_period = row["key_rate_period_ms"]
         limits = QueueLimits(
             max_in_flight=row["max_in_flight"],
             per_key=row["per_key"],
@@ -186,6 +202,9 @@ class LimitUse:
             rate_period_s=period / 1000 if period else 1.0,
             burst=row["burst"],
             key_weights=json.loads(row["key_weights"]),
+            key_rate_limit=row["key_rate_limit"],
+            key_rate_period_s=key_period / 1000 if key_period else 1.0,
+            key_burst=row["key_burst"],
         )
         return cls(
             row["queue"],
@@ -197,6 +216,7 @@ class LimitUse:
             row["busiest_key_in_flight"],
             row["keys_at_limit"],
             row["tokens"],
+            row["keys_out_of_tokens"],
         )
 
 

@@ -272,15 +272,24 @@ LEFT JOIN claimed c ON true;
 
 -- name: queue_limits_of
 -- The limits of these queues (the worker's: which of its queues take the limited claim).
-SELECT queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst, key_weights::text AS key_weights
+SELECT queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst, key_weights::text AS key_weights,
+       key_rate_limit, key_rate_period_ms, key_burst
 FROM tether_queue_limits WHERE queue = ANY(%(queues)s::text[]) ORDER BY queue;
 
 -- name: all_queue_limits
 -- Every limit with its use now: tasks in flight in the queue, the busiest key and how many
--- keys are at their per-key limit (from the in-flight index: only in-flight rows), and the
--- rate's tokens refilled up to now.
+-- keys are at their per-key limit (from the in-flight index: only in-flight rows), the
+-- rate's tokens refilled up to now, and how many keys have spent their own rate's tokens.
 SELECT l.queue, l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst,
        l.key_weights::text AS key_weights, l.set_by, l.updated_at,
+       l.key_rate_limit, l.key_rate_period_ms, l.key_burst,
+       -- keys whose bucket holds less than one token now (a key with no row is full)
+       CASE WHEN l.key_rate_limit IS NOT NULL THEN
+           (SELECT count(*) FROM tether_key_tokens kt
+            WHERE kt.queue = l.queue
+              AND kt.tokens + extract(epoch FROM now() - kt.refilled_at) * 1000.0
+                  / l.key_rate_period_ms * l.key_rate_limit < 1)::int
+       END AS keys_out_of_tokens,
        coalesce(u.in_flight, 0)::int AS in_flight,
        coalesce(u.keys_in_flight, 0)::int AS keys_in_flight,
        coalesce(u.busiest_key_in_flight, 0)::int AS busiest_key_in_flight,
@@ -302,13 +311,16 @@ LEFT JOIN LATERAL (
 ORDER BY l.queue;
 
 -- name: set_queue_limits
--- Declare (or replace) a queue's limits. The tokens start full when the rate changes.
+-- Declare (or replace) a queue's limits. The tokens start full when the rate changes, and
+-- so do every key's when the per-key rate changes (their buckets are dropped).
 -- A change tells the workers ('limits <queue>' on tether_control): they look at once.
-WITH written AS (
+WITH before AS (
+    SELECT key_rate_limit, key_rate_period_ms, key_burst FROM tether_queue_limits WHERE queue = %(queue)s
+), written AS (
 INSERT INTO tether_queue_limits AS l (queue, max_in_flight, per_key, rate_limit, rate_period_ms, burst,
-                                      key_weights, set_by)
+                                      key_weights, key_rate_limit, key_rate_period_ms, key_burst, set_by)
 VALUES (%(queue)s, %(max_in_flight)s, %(per_key)s, %(rate_limit)s, %(rate_period_ms)s, %(burst)s,
-        %(key_weights)s::jsonb, %(set_by)s)
+        %(key_weights)s::jsonb, %(key_rate_limit)s, %(key_rate_period_ms)s, %(key_burst)s, %(set_by)s)
 ON CONFLICT (queue) DO UPDATE
 SET max_in_flight = EXCLUDED.max_in_flight, per_key = EXCLUDED.per_key,
     rate_limit = EXCLUDED.rate_limit, rate_period_ms = EXCLUDED.rate_period_ms, burst = EXCLUDED.burst,
@@ -318,16 +330,41 @@ SET max_in_flight = EXCLUDED.max_in_flight, per_key = EXCLUDED.per_key,
     refilled_at = CASE WHEN (l.rate_limit, l.rate_period_ms, l.burst)
                             IS NOT DISTINCT FROM (EXCLUDED.rate_limit, EXCLUDED.rate_period_ms, EXCLUDED.burst)
                        THEN l.refilled_at END,
+    key_rate_limit = EXCLUDED.key_rate_limit, key_rate_period_ms = EXCLUDED.key_rate_period_ms,
+    key_burst = EXCLUDED.key_burst,
     key_weights = EXCLUDED.key_weights, set_by = EXCLUDED.set_by, updated_at = now()
-WHERE (l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst, l.key_weights)
+WHERE (l.max_in_flight, l.per_key, l.rate_limit, l.rate_period_ms, l.burst, l.key_weights,
+       l.key_rate_limit, l.key_rate_period_ms, l.key_burst)
       IS DISTINCT FROM (EXCLUDED.max_in_flight, EXCLUDED.per_key, EXCLUDED.rate_limit,
-                        EXCLUDED.rate_period_ms, EXCLUDED.burst, EXCLUDED.key_weights)
+                        EXCLUDED.rate_period_ms, EXCLUDED.burst, EXCLUDED.key_weights,
+                        EXCLUDED.key_rate_limit, EXCLUDED.key_rate_period_ms, EXCLUDED.key_burst)
 RETURNING queue
+), refilled AS (
+    DELETE FROM tether_key_tokens kt
+    WHERE kt.queue = %(queue)s AND EXISTS (SELECT 1 FROM written)
+      AND NOT EXISTS (SELECT 1 FROM before b
+                      WHERE (b.key_rate_limit, b.key_rate_period_ms, b.key_burst)
+                            IS NOT DISTINCT FROM (%(key_rate_limit)s::int, %(key_rate_period_ms)s::int,
+                                                  %(key_burst)s::int))
 )
 SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM written;
 
 -- name: drop_queue_limits
 -- The queue is no longer flow-controlled: the plain claim takes it again. Workers are told
 -- at once (they look again at their limits, and claim).
-WITH gone AS (DELETE FROM tether_queue_limits WHERE queue = %(queue)s RETURNING queue)
+WITH gone AS (DELETE FROM tether_queue_limits WHERE queue = %(queue)s RETURNING queue),
+buckets AS (DELETE FROM tether_key_tokens WHERE queue = %(queue)s)
 SELECT queue, pg_notify('tether_control', 'limits ' || queue) AS told FROM gone;
+
+-- name: prune_key_tokens
+-- The reaper's pass: drop the buckets of keys that have refilled to full (no row means a full
+-- bucket, so dropping one changes nothing) and those of queues without a per-key rate now.
+-- A claim that holds the key's lock writes the key's row afresh (an upsert from a value it
+-- read after the lock), so a row dropped under it comes back as it should.
+DELETE FROM tether_key_tokens kt
+WHERE NOT EXISTS (
+    SELECT 1 FROM tether_queue_limits l
+    WHERE l.queue = kt.queue AND l.key_rate_limit IS NOT NULL
+      AND kt.tokens + extract(epoch FROM now() - kt.refilled_at) * 1000.0
+          / l.key_rate_period_ms * l.key_rate_limit < coalesce(l.key_burst, l.key_rate_limit)
+);
