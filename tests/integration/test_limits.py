@@ -247,6 +247,36 @@ def test_per_key_rate_set_shown_pruned_and_removed_by_hand(
 
 
 @pytest.mark.timeout(120)
+def test_workflow_steps_carry_concurrency_keys_and_keep_the_limit(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    from tether.errors import WorkflowDefinitionError
+
+    limited = load_app_module("limited", database_url)
+    _start(workers, 1)
+    # Six parallel steps of key "wf-a" (from the argument) on `keyed` (per_key 2); then a step
+    # whose key is given by hand, and one whose key argument another step feeds (no key: it
+    # is not known when the workflow starts).
+    first = [limited.tenant_work.node(args=("wf-a", 0.2), name=f"a{i}") for i in range(6)]
+    given = limited.tenant_work.with_options(concurrency_key="wf-given").node(
+        args=("x", 0.0), name="given", after=first
+    )
+    fed = limited.tenant_work.node(kwargs={"seconds": 0.0}, args_from={"tenant": given}, name="fed")
+    with InFlightSampler(direct_url, "keyed") as sampler:
+        handle = limited.app.workflow("keyed-flow", [*first, given, fed]).start()
+        result = handle.get(timeout=60)
+    assert result.is_ok, result
+    assert sampler.max_per_key.get("wf-a") == 2, sampler.max_per_key
+    rows = db.execute(
+        "SELECT concurrency_key AS key, count(*) AS n FROM tether_tasks WHERE workflow_id = %s GROUP BY 1",
+        (handle.id,),
+    ).fetchall()
+    assert {r["key"]: r["n"] for r in rows} == {"wf-a": 6, "wf-given": 1, None: 1}
+    with pytest.raises(WorkflowDefinitionError, match="node 'bad': argument 'tenant' of task 'tenant_work'"):
+        limited.app.workflow("bad-key", [limited.tenant_work.node(args=("", 0.0), name="bad")])
+
+
+@pytest.mark.timeout(120)
 def test_async_tasks_keep_the_per_key_limit(
     db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
 ) -> None:

@@ -1,5 +1,5 @@
--- tether schema, version 16: the limited claim in one statement, and rate limits per key
--- (docs/limits.md).
+-- tether schema, version 16: the limited claim in one statement, rate limits per key, and
+-- concurrency keys on workflow steps and periodic sends (docs/limits.md).
 --
 -- The limited claim (broker/sql/limited_claims.sql) takes its locks and claims in ONE
 -- statement. A statement's snapshot is taken when it starts, before its locks are granted,
@@ -72,3 +72,9 @@ BEGIN
                            FROM tether_key_tokens t WHERE t.queue = q AND t.concurrency_key = k),
                           burst::float8));
 END $$;
+
+-- Concurrency keys of workflow steps and periodic sends: the key their tasks are sent with
+-- (from with_options(concurrency_key=...), or the argument the task declares, read from the
+-- step's or the schedule's own arguments). NULL: none.
+ALTER TABLE tether_workflow_tasks ADD COLUMN concurrency_key text;
+ALTER TABLE tether_schedules ADD COLUMN concurrency_key text;
