@@ -9,8 +9,8 @@
 --     key another claimer holds is skipped, as SKIP LOCKED skips a row, so nobody waits
 --     and nobody deadlocks);
 --   - it counts the slots in use, and reads the rate's tokens, AFTER the locks, through the
---     VOLATILE functions of migration 0016 (tether_queue_in_flight, tether_key_in_flight,
---     tether_queue_tokens, tether_key_tokens_at), each called with an argument that comes
+--     VOLATILE functions of migration 0016 (tether_queue_in_flight, tether_keys_in_flight,
+--     tether_queue_tokens, tether_keys_tokens), each called with an argument that comes
 --     from the lock: each of their statements takes a snapshot newer than the lock, so it
 --     sees every claim committed by whoever held it before. The statement's own snapshot
 --     is older (taken before it waited), which is harmless where it is used: to choose
@@ -133,17 +133,23 @@ chosen AS MATERIALIZED (
         LIMIT (SELECT %(wanted)s::int)
     ) ranked
 ),
-key_time AS MATERIALIZED (
-    -- After each key's lock: the time its tokens are refilled to.
-    SELECT c.key, c.part, c.weight, c.locked, clock_timestamp() AS at FROM chosen c WHERE c.locked
+key_locks AS MATERIALIZED (
+    -- The keys locked, as one array: an aggregate, so it exists only once every key's lock
+    -- was tried, and so does the time read with it (projected after the aggregate).
+    SELECT coalesce(array_agg(c.key) FILTER (WHERE c.locked), '{}') AS keys, clock_timestamp() AS at
+    FROM chosen c
 ),
 keys AS MATERIALIZED (
-    SELECT kt.key, row_number() OVER (ORDER BY kt.part, kt.key) AS place, kt.weight, kt.at, lim.per_key,
-           tether_key_in_flight(%(queue)s, kt.key, kt.locked) AS busy,
-           CASE WHEN lim.key_rate_limit IS NOT NULL
-                THEN tether_key_tokens_at(%(queue)s, kt.key, kt.at, lim.key_rate_limit,
-                                          lim.key_rate_period_ms, lim.key_burst) END AS tokens
-    FROM key_time kt, lim
+    -- What the limits are held to, read after the locks (one call each for all the keys).
+    SELECT c.key, row_number() OVER (ORDER BY c.part, c.key) AS place, c.weight, kl.at, lim.per_key,
+           coalesce(b.n, 0) AS busy, r.tokens
+    FROM chosen c
+    CROSS JOIN key_locks kl
+    CROSS JOIN lim
+    LEFT JOIN LATERAL tether_keys_in_flight(%(queue)s, kl.keys) b ON b.key = c.key
+    LEFT JOIN LATERAL tether_keys_tokens(%(queue)s, kl.keys, kl.at, lim.key_rate_limit, lim.key_rate_period_ms,
+                                         lim.key_burst) r ON r.key = c.key
+    WHERE c.locked
 ),
 room AS (
     SELECT greatest(0, least(
@@ -259,8 +265,8 @@ room AS (
     WHERE keys.tokens IS NOT NULL
     ON CONFLICT (queue, concurrency_key) DO UPDATE SET tokens = EXCLUDED.tokens, refilled_at = EXCLUDED.refilled_at
 ), summary AS (
-    SELECT coalesce((SELECT array_agg(k.key ORDER BY k.part, k.key) FROM key_time k), '{}') AS keys_locked,
-           coalesce((SELECT array_agg(k.weight ORDER BY k.part, k.key) FROM key_time k), '{}') AS weights,
+    SELECT coalesce((SELECT array_agg(k.key ORDER BY k.place) FROM keys k), '{}') AS keys_locked,
+           coalesce((SELECT array_agg(k.weight ORDER BY k.place) FROM keys k), '{}') AS weights,
            EXISTS (SELECT 1 FROM chosen c WHERE NOT c.locked) AS contended,
            (SELECT key FROM key_window ORDER BY part DESC, key DESC LIMIT 1) AS window_end,
            (SELECT count(*) FROM key_window) >= %(window)s AS window_full,

@@ -21,12 +21,16 @@ BEGIN
             WHERE queue = q AND status IN ('CLAIMED', 'RUNNING'));
 END $$;
 
--- Slots in use by one key of a queue, read after the key's lock.
-CREATE FUNCTION tether_key_in_flight(q text, k text, _after boolean) RETURNS integer
+-- Slots in use by each of these keys of a queue (keys with none are left out), read after
+-- the keys' locks: `keys` is the array of the locked keys, which exists only once every
+-- lock of the claim was tried. One call for all the claim's keys, not one per key.
+CREATE FUNCTION tether_keys_in_flight(q text, keys text[]) RETURNS TABLE (key text, n integer)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    RETURN (SELECT count(*) FROM tether_tasks
-            WHERE queue = q AND concurrency_key = k AND status IN ('CLAIMED', 'RUNNING'));
+    RETURN QUERY
+        SELECT f.concurrency_key, count(*)::int FROM tether_tasks f
+        WHERE f.queue = q AND f.concurrency_key = ANY(keys) AND f.status IN ('CLAIMED', 'RUNNING')
+        GROUP BY f.concurrency_key;
 END $$;
 
 -- A queue's rate tokens at `at` (a time taken after the queue's lock), refilled evenly
@@ -62,15 +66,22 @@ CREATE TABLE tether_key_tokens (
     PRIMARY KEY (queue, concurrency_key)
 );
 
--- A key's tokens at `at` (taken after the key's lock), refilled evenly, at most `burst`.
-CREATE FUNCTION tether_key_tokens_at(q text, k text, at timestamptz, rate integer, period_ms integer,
-                                     burst integer) RETURNS float8
+-- The tokens of each of these keys at `at` (a time taken after the keys' locks), refilled
+-- evenly, at most `burst`; a key without a row has a full bucket. No rows when the queue
+-- has no per-key rate (`rate` NULL).
+CREATE FUNCTION tether_keys_tokens(q text, keys text[], at timestamptz, rate integer, period_ms integer,
+                                   burst integer) RETURNS TABLE (key text, tokens float8)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    RETURN least(burst::float8,
-                 coalesce((SELECT t.tokens + extract(epoch FROM at - t.refilled_at) * 1000.0 / period_ms * rate
-                           FROM tether_key_tokens t WHERE t.queue = q AND t.concurrency_key = k),
-                          burst::float8));
+    IF rate IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT k.key, least(burst::float8,
+                            coalesce(t.tokens + extract(epoch FROM at - t.refilled_at) * 1000.0 / period_ms * rate,
+                                     burst::float8))
+        FROM unnest(keys) AS k (key)
+        LEFT JOIN tether_key_tokens t ON t.queue = q AND t.concurrency_key = k.key;
 END $$;
 
 -- Concurrency keys of workflow steps and periodic sends: the key their tasks are sent with
