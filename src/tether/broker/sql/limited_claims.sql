@@ -107,7 +107,14 @@ heads AS (
            coalesce((queue_lock.key_weights ->> w.key)::float8, 1.0) AS weight,
            (SELECT count(*) FROM tether_tasks f
             WHERE f.queue = %(queue)s AND f.concurrency_key = w.key
-              AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy
+              AND f.status IN ('CLAIMED', 'RUNNING'))::int AS busy,
+           -- the key's rate tokens, as good as this snapshot knows (a key with none left is
+           -- passed over, so it does not take the place of a key that has some)
+           (SELECT t.tokens + extract(epoch FROM now() - t.refilled_at) * 1000.0
+                   / queue_lock.key_rate_period_ms * queue_lock.key_rate_limit
+            FROM tether_key_tokens t
+            WHERE queue_lock.key_rate_limit IS NOT NULL AND t.queue = %(queue)s AND t.concurrency_key = w.key)
+               AS tokens
     FROM key_window w CROSS JOIN queue_lock
     CROSS JOIN LATERAL (
         SELECT t.priority, t.run_at FROM tether_tasks t
@@ -123,7 +130,8 @@ chosen AS MATERIALIZED (
            pg_try_advisory_xact_lock(hashtextextended(%(queue)s || chr(31) || ranked.key, 0)) AS locked
     FROM (
         SELECT heads.key, heads.part, heads.busy, heads.weight FROM heads, queue_lock
-        WHERE queue_lock.per_key IS NULL OR heads.busy < queue_lock.per_key
+        WHERE (queue_lock.per_key IS NULL OR heads.busy < queue_lock.per_key)
+          AND (heads.tokens IS NULL OR heads.tokens >= 1)
         -- Round-robin: among keys of one priority and load, the first after the previous
         -- claim's last key (where the window starts), not the key with the oldest head,
         -- which would be the same key on every claim for as long as its backlog lasts.
