@@ -483,3 +483,49 @@ def test_key_weights_share_the_turns(
         ).fetchall()
     ]
     assert 13 <= first.count("heavy") <= 17, first
+
+
+async def test_a_claim_that_waited_for_the_queue_lock_counts_what_the_holder_claimed(
+    db: psycopg.Connection[Any], direct_url: str
+) -> None:
+    """The limited claim is one statement: its snapshot is older than the queue's lock it waits
+    for. What it holds the limit to is counted after the lock (limited_claims.sql), so a claim
+    that began before the holder committed still sees the holder's claims and takes nothing."""
+    import asyncio
+
+    from psycopg.rows import dict_row
+
+    from tether.broker.limited_claims import KeyCursor, claim_limited
+
+    db.execute("INSERT INTO tether_queue_limits (queue, max_in_flight) VALUES ('capped', 3)")
+    db.execute(
+        "INSERT INTO tether_tasks (id, name, queue) SELECT gen_random_uuid(), 'plain_work', 'capped'"
+        " FROM generate_series(1, 10)"
+    )
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(direct_url, autocommit=True, row_factory=dict_row)
+
+    holder, waiter = await connect(), await connect()
+    try:
+        claim = {"queue": "capped", "limit": 10, "async_limit": 0, "async_names": [], "skip_names": []}
+        async with holder.transaction():
+            first = await claim_limited(holder, worker_id="holder", cursor=KeyCursor(), **claim)
+            assert len(first.tasks) == 3
+            pid = waiter.info.backend_pid
+            second = asyncio.ensure_future(
+                claim_limited(waiter, worker_id="waiter", cursor=KeyCursor(), **claim)
+            )
+
+            def waits_for_the_lock() -> bool:
+                row = db.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                return bool(row and row["wait_event"] == "advisory")
+
+            await asyncio.to_thread(wait_until, waits_for_the_lock, 10, 0.02, "the second claim to wait")
+        # The holder committed; the waiting statement, begun before that, now counts 3 in flight.
+        assert (await asyncio.wait_for(second, 10)).tasks == []
+        row = db.execute("SELECT count(*) AS n FROM tether_tasks WHERE status = 'CLAIMED'").fetchone()
+        assert row == {"n": 3}
+    finally:
+        await holder.close()
+        await waiter.close()
