@@ -44,7 +44,7 @@
 -- bucket. claimed_at is clock_timestamp() too, so claims of a queue are stamped in the
 -- order they were made.
 --
--- One row per claimed task, or one row of NULLs, each with the claim's summary: the keys it
+-- One row per claimed task, or one row of NULLs, with the claim's summary: the keys it
 -- locked in turn order with their weights, whether a key was held by another claimer,
 -- whether the window was full and its last key, and whether tasks without a key were found.
 WITH RECURSIVE
@@ -280,7 +280,11 @@ room AS (
            (SELECT count(*) FROM key_window) >= %(window)s AS window_full,
            EXISTS (SELECT 1 FROM unkeyed) AS unkeyed_seen
 )
-SELECT c.*, s.keys_locked, s.weights, s.contended, s.window_end, s.window_full, s.unkeyed_seen
+-- The summary's arrays (one entry per key) on the first row only: not parsed once per task.
+SELECT c.*,
+       CASE WHEN row_number() OVER () = 1 THEN s.keys_locked END AS keys_locked,
+       CASE WHEN row_number() OVER () = 1 THEN s.weights END AS weights,
+       s.contended, s.window_end, s.window_full, s.unkeyed_seen
 FROM summary s
 LEFT JOIN claimed c ON true;
 
