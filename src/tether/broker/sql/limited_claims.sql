@@ -23,8 +23,10 @@
 -- recovery settles its row.
 
 -- name: limited_claim
--- Its LIMITs are (SELECT %(x)s), values the planner does not see, as in claim_tasks: the
--- prepared statement then keeps one generic plan instead of planning every claim afresh.
+-- Its LIMITs are (SELECT %(x)s), values the planner does not see, as in claim_tasks, so that
+-- the prepared statement could keep one generic plan. Measured (PostgreSQL 15, 2026-11-27):
+-- it does not; pg_prepared_statements shows only custom plans, about 1.5 ms of planning a
+-- claim on the test machine (the same for the two statements this one replaced).
 --
 -- Keys are visited round-robin: a window of at most `window` distinct keys with due work,
 -- from just after `cursor` (the end of the previous window, kept by the worker) wrapping to
