@@ -118,12 +118,16 @@ class WorkerProcess:
         return [main, *main.children(recursive=True)]
 
     def task_children(self) -> list[psutil.Process]:
-        """The child processes that run tasks (not multiprocessing's resource tracker)."""
+        """The child processes that run tasks (not multiprocessing's resource tracker, not the
+        fork server): spawned by the main process, or forked by its fork server."""
         found = []
         for p in psutil.Process(self.pid).children():
             try:
-                if any("spawn_main" in part for part in p.cmdline()):
+                command = " ".join(p.cmdline())
+                if "spawn_main" in command:
                     found.append(p)
+                elif "resource_tracker" not in command:  # the fork server (forked, or started anew)
+                    found.extend(p.children())
             except psutil.NoSuchProcess:
                 continue
         return found

@@ -281,6 +281,9 @@ class WorkerConfig(BaseSettings):
     # The address the metrics endpoint listens on (every interface: Prometheus scrapes from
     # elsewhere; the metrics hold names and counts, never a task's arguments or errors).
     metrics_host: str = "0.0.0.0"
+    # How child processes are made (tether.worker.start_method, docs/workers.md): forked from
+    # a fork server that imported tether and the app once, or spawned (each imports anew).
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
 
     @field_validator("queues")
     @classmethod

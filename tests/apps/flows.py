@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from tests.apps.basic import ledger
-from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
+from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether, current_task
 
 app = Tether(AppConfig(queues=["default", "other"]))
 
@@ -89,10 +89,13 @@ def sleep(seconds: float, token: str = "") -> TaskResult[float, TaskError]:
     "wf.crash_retry",
     retry_policy=RetryPolicy.fixed(0.1, max_retries=2, auto_retry_for=[ErrorCode.WORKER_CRASHED], jitter=0),
 )
-def crash_retry(seconds: float, token: str) -> TaskResult[str, TaskError]:
-    """A long step whose crash is retried (WORKER_CRASHED in its policy)."""
+def crash_retry(seconds: float, token: str, later_seconds: float | None = None) -> TaskResult[str, TaskError]:
+    """A long step whose crash is retried (WORKER_CRASHED in its policy); ``later_seconds``
+    (default ``seconds``): how long the attempts after the first take."""
     ledger(token)
-    time.sleep(seconds)
+    running = current_task()
+    first = running is None or running.attempt == 1
+    time.sleep(seconds if first or later_seconds is None else later_seconds)
     return TaskResult(ok=token)
 
 

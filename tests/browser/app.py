@@ -1,8 +1,9 @@
 """The app the dashboard's browser tests run: tasks that finish, fail, crash with a traceback,
-fail once and then work, and run until cancelled."""
+fail once and then work, run until cancelled, and kill the child running them."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from tether import AppConfig, TaskError, TaskResult, Tether, current_task
@@ -45,3 +46,9 @@ def until_cancelled(limit_s: float = 60.0) -> TaskResult[str, TaskError]:
         me.raise_if_cancelled()
         time.sleep(0.05)
     return TaskResult(ok="never cancelled")
+
+
+@app.task("ui.crash")
+def crash() -> TaskResult[None, TaskError]:
+    """Its child process dies mid-task: the worker recovers it (the rule dead_child)."""
+    os._exit(13)

@@ -138,8 +138,9 @@ def worker_row(conn: Conn, worker_id: str) -> Row:
 
 
 def child_pids(worker: WorkerProcess) -> set[int]:
+    """The worker's processes below its main one: its children, its fork server's."""
     try:
-        return {c.pid for c in psutil.Process(worker.pid).children()}
+        return {c.pid for c in psutil.Process(worker.pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
 

@@ -1,7 +1,8 @@
 """tether_recoveries_total moves as the rows say, rule by rule, when real workers die or hang.
 
 Each test scrapes the worker that did the recovering (its --metrics-port; ports 19120-19129)
-and compares its counters with the task and attempt rows the recovery wrote.
+and compares its counters with the task and attempt rows the recovery wrote (and, for the
+reaper's rules, with the counts the dashboard's chart reads, tether_recovery_minutes).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def recoveries(samples: Samples) -> dict[str, float]:
     return {
         dict(labels)["rule"]: v for (name, labels), v in samples.items() if name == "tether_recoveries_total"
     }
+
+
+def recorded(db: Any) -> dict[str, int]:
+    """The recoveries per rule in tether_recovery_minutes (the dashboard's chart)."""
+    rows = db.execute("SELECT rule, sum(n)::int AS n FROM tether_recovery_minutes GROUP BY rule").fetchall()
+    return {r["rule"]: r["n"] for r in rows}
 
 
 def a_holds_two_running_and_two_claimed(
@@ -98,6 +105,10 @@ def test_the_survivor_counts_each_stale_rule_as_its_reaper_applied_it(
         "startup_reconciliation": 0,  # A was alive when B started
         "self_isolation": 0,
     }
+    # The dashboard's chart reads the same counts from tether_recovery_minutes, which B writes
+    # with its next heartbeat (docs/dashboard.md#charts).
+    counted = {rule: n for rule, n in recoveries(samples).items() if n}
+    wait_until(lambda: recorded(db) == counted, timeout=10, message=f"{counted} in tether_recovery_minutes")
     wait_until(  # the database's side of a scrape is read at most once a second
         lambda: value(scrape(url), "tether_workers", status="inactive") == 1, message="A inactive in a scrape"
     )

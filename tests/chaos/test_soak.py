@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import APP, FAST, child_pids, token
+from tests.chaos.conftest import APP, FAST, token
 from tests.conftest import WorkerFactory, WorkerProcess, wait_until
 
 LONG = os.environ.get("TETHER_SOAK", "").lower() == "long"
@@ -92,7 +92,7 @@ def test_soak_random_kills_lose_nothing_and_run_nothing_too_often(
                 live.append(start())
             owed = 0
             victim = rng.choice(live)
-            children = sorted(child_pids(victim))
+            children = sorted(c.pid for c in victim.task_children())
             if children and rng.random() < 0.3:
                 # One child, from outside: the worker records the crash and replaces the child.
                 try:

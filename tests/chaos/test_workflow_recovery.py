@@ -158,7 +158,9 @@ def test_a_killed_worker_s_step_is_retried_when_its_policy_lists_worker_crashed(
     """The same kill, with wf.crash_retry: retried on the survivor; its dependent runs once."""
     a = workers.start(APP, "--queues", "default", "--processes", "1", env=FAST)
     t_step, t_dep = token(), token()
-    step = flows.crash_retry.node(args=(4.0, t_step), name="step")
+    # The first attempt outlasts B's start-up however slow (CI ran it under load: A finished a
+    # 4 s step before B was up and A was killed); the retry is short.
+    step = flows.crash_retry.node(args=(60.0, t_step, 0.5), name="step")
     dep = flows.add.node(args=(1,), kwargs={"b": 2, "token": t_dep}, after=[step], name="dep")
     handle = flows.app.workflow("kill-worker-retry", [step, dep]).start()
     first_pid = wait_step_running(db, handle, "step", t_step, a)

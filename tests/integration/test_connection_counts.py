@@ -15,10 +15,12 @@ import sys
 import threading
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
@@ -33,6 +35,7 @@ APP = "tests.apps.aio:app"
 SESSIONS = """
 SELECT split_part(application_name, ' ', 1) AS name, count(*) AS n FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE %s
+  AND pid <> ALL(%s::int[])
 GROUP BY 1
 """
 WORKER_IDLE = {"tether-worker": 1, "tether-heartbeat": 1, "tether-listener": 1, "tether-maintenance": 1}
@@ -45,8 +48,12 @@ pytestmark = pytest.mark.direct_only(
 )
 
 
+# Backend pids of sessions an earlier test left behind (see quiet_database): not counted.
+foreign: set[int] = set()
+
+
 def sessions(db: Any, pattern: str = "tether-%") -> dict[str, int]:
-    rows = db.execute(SESSIONS, (pattern,)).fetchall()
+    rows = db.execute(SESSIONS, (pattern, sorted(foreign))).fetchall()
     return {
         r["name"]: int(r["n"]) for r in rows if r["name"] not in ("tether-test-ledger", "tether-chaos-ledger")
     }
@@ -61,11 +68,41 @@ def waiting_for_work(db: Any, worker_id: str | None) -> bool:
 
 @pytest.fixture(autouse=True)
 def quiet_database(db: Any) -> None:
-    """No tether session of an earlier test of this process is left in the database: the
-    counts below are of the processes this test starts. (Earlier tests' workers are killed
-    by pid at their end; a killed process's sessions end a moment later.)"""
-    left = sessions(db)
-    wait_until(lambda: not sessions(db), timeout=30, message=f"earlier tests' sessions to end: {left}")
+    """The counts below are of the processes this test starts.
+
+    Left out of them: the server sessions of a PgBouncer that an earlier test of this
+    process started (tests/pgbouncer.py): PgBouncer keeps its server connections after its
+    clients leave, named by the last client (CI saw a 'tether-worker' and a 'tether-child'
+    of test_pgbouncer's here). Earlier tests' workers are killed by pid at their end and
+    their sessions end a moment later: waited for. A session still open after that belongs
+    to a process an earlier test failed to stop: left out too, and named in a warning with
+    the test that started it, rather than failing this test for another's leak."""
+    foreign.clear()
+    foreign.update(pid for pid, command, _ in holders(db) if "pgbouncer" in command)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not sessions(db), timeout=10, message="earlier tests' sessions to end")
+    left = [h for h in holders(db) if h[0] not in foreign]
+    if left:
+        warnings.warn(f"tether sessions left by an earlier test: {left}", stacklevel=1)
+        foreign.update(pid for pid, _, _ in left)
+
+
+def holders(db: Any) -> list[tuple[int, str, str]]:
+    """The tether sessions open now: (backend pid, the command of the process holding its
+    client end, the test that started that process: its PYTEST_CURRENT_TEST, inherited)."""
+    rows = db.execute(
+        "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND application_name LIKE 'tether-%%'"
+    ).fetchall()
+    by_port = {r["client_port"]: r["pid"] for r in rows}
+    found = {r["pid"]: ("?", "?") for r in rows}
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.laddr and connection.laddr.port in by_port and connection.pid:
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(connection.pid)
+                test = process.environ().get("PYTEST_CURRENT_TEST", "?")
+                found[by_port[connection.laddr.port]] = (" ".join(process.cmdline()), test)
+    return [(pid, command, test) for pid, (command, test) in sorted(found.items())]
 
 
 @pytest.fixture

@@ -89,8 +89,8 @@ def test_a_pass_deletes_in_batches_exactly_the_rows_past_retention(
     assert left == {*pending, *recent}
     attempts = count(db, "SELECT count(*) AS n FROM tether_task_attempts WHERE task_id = ANY(%s)", finished)
     assert attempts == 0  # with their task
-    # 4 + 3 batches of at most 10 rows that found rows, 1 each for the other three kinds.
-    assert "35 heartbeats, 23 tasks in 10 batch(es)" in logged(caplog)
+    # 4 + 3 batches of at most 10 rows that found rows, 1 each for the other four kinds.
+    assert "35 heartbeats, 23 tasks in 11 batch(es)" in logged(caplog)
 
 
 def test_a_pass_out_of_budget_leaves_the_rest_for_the_next_and_says_it_is_behind(db: Conn) -> None:

@@ -32,6 +32,7 @@ from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.queries import q
 from tether.config import AppConfig, PostgresConfig, RecoveryConfig
 from tether.db.connection import DedicatedConnection
+from tether.metrics import recovery_tally
 from tether.worker.heartbeat import SNAPSHOT_EVERY, Heartbeat
 from tether.worker.reaper import PRUNE_AGAIN_S, Reaper
 from tether.worker.retention import Retention
@@ -343,6 +344,9 @@ async def test_a_heartbeat_tick_is_one_statement_for_every_task_the_worker_holds
     beat.add(running, "runner", os.getpid())
     beat.add(stranger, "claimer", os.getpid())
     source = Source(beat)
+    # Recoveries counted in this process by earlier tests (a reaper's pass in-process) would
+    # add their statement (the next test's); a worker's process has only its own.
+    recovery_tally.take()
 
     with WireCounter(database_url) as proxy:
         heartbeat = Heartbeat(
@@ -381,6 +385,59 @@ async def test_a_heartbeat_tick_is_one_statement_for_every_task_the_worker_holds
     assert states.fetchall() == [{"claimed": 2, "running": 1, "tasks_done": 7}]  # as reported (collect)
     assert SNAPSHOT_EVERY > 2
     assert [set(a.lost) for a in source.answers] == [{stranger}, {stranger}]
+
+
+async def test_a_heartbeat_after_recoveries_writes_their_tally_in_one_more_statement(
+    basic: ModuleType, database_url: str, db: Conn
+) -> None:
+    me = f"beating-{uuid.uuid4().hex[:8]}"
+    await register(database_url, me)
+    recovery_tally.take()
+    minute = datetime.now(UTC).replace(second=0, microsecond=0)
+    recovery_tally.add("dead_child", 2, at=minute)
+    recovery_tally.add("time_limit", 1, at=minute)
+    recovery_tally.add("dead_child", 1, at=minute)
+    db.execute(
+        "INSERT INTO tether_recovery_minutes (minute, rule, n) VALUES (%s, 'dead_child', 5)", (minute,)
+    )
+    with WireCounter(database_url) as proxy:
+        heartbeat = Heartbeat(
+            proxy.url, app_config(database_url), me, socket.gethostname(), Source(Beat()), every=1.0
+        )
+        try:
+            await heartbeat.tick()  # the beat, then the tally
+            await heartbeat.tick()  # the beat alone: the tally was written
+        finally:
+            await heartbeat.close()
+        trips = [t for t in proxy.round_trips() if t.application_name == "tether-heartbeat"]
+    assert len(trips) == 3, WireCounter.summary(trips)
+    rows = db.execute("SELECT minute, rule, n FROM tether_recovery_minutes ORDER BY rule").fetchall()
+    # Added to what another worker recorded for the same minute and rule.
+    assert [(r["minute"], r["rule"], r["n"]) for r in rows] == [
+        (minute, "dead_child", 8),
+        (minute, "time_limit", 1),
+    ]
+    assert recovery_tally.take() == {}
+
+
+async def test_a_tally_whose_write_fails_is_kept_for_a_later_beat(
+    basic: ModuleType, database_url: str, db: Conn
+) -> None:
+    me = f"beating-{uuid.uuid4().hex[:8]}"
+    await register(database_url, me)
+    recovery_tally.take()
+    recovery_tally.add("hung_child", 1)
+    # The table is away (renamed): the beat gets through, the tally's write does not.
+    db.execute("ALTER TABLE tether_recovery_minutes RENAME TO tether_recovery_minutes_away")
+    heartbeat = Heartbeat(
+        database_url, app_config(database_url), me, socket.gethostname(), Source(Beat()), every=1.0
+    )
+    try:
+        await heartbeat.tick()
+        assert sum(recovery_tally.take().values()) == 1
+    finally:
+        db.execute("ALTER TABLE tether_recovery_minutes_away RENAME TO tether_recovery_minutes")
+        await heartbeat.close()
 
 
 # -- the work listener -----------------------------------------------------------------------

@@ -288,6 +288,27 @@ def test_send_then_get_at_once_is_picked_up_without_waiting_for_the_poll(
     assert worker.stop() == 0, worker.log()
 
 
+@pytest.mark.timeout(120)
+def test_every_delayed_task_announced_to_an_idle_worker_starts_before_the_poll(
+    basic: Any, db: psycopg.Connection[Any], workers: WorkerFactory
+) -> None:
+    """Delayed tasks announced one after another, the later ones first and then an earlier
+    one (which used to replace the worker's only timer): each starts when due, not at the
+    next poll (60 s away). Run in database time: started_at against run_at."""
+    worker = workers.start(APP, "--processes", "1", env={"TETHER_WORKER_POLL_INTERVAL_MS": "60000"})
+    wait_until(lambda: waiters(db), message="the idle worker to register")
+    handles = [basic.record.schedule(delay, uuid.uuid4().hex) for delay in (2.0, 1.5, 0.5)]
+    wait_until(
+        lambda: all(h.status().value == "COMPLETED" for h in handles),
+        timeout=20,
+        message="the three delayed tasks to run (the poll is 60 s away)",
+    )
+    for h in handles:
+        row = db.execute("SELECT run_at, started_at FROM tether_tasks WHERE id = %s", (h.id,)).fetchone()
+        assert row is not None and row["started_at"] >= row["run_at"], row
+    assert worker.stop() == 0, worker.log()
+
+
 # -- a waiting get() never delays a claim ---------------------------------------------------------
 # get() flags the task's row for a notification (tasks.sql watch_task), and that UPDATE holds
 # the row's lock until it commits. A claim running meanwhile skips the row (FOR UPDATE SKIP

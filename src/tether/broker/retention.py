@@ -67,6 +67,10 @@ CATEGORIES = (
     Category("workers", _batch("prune_workers"), lambda c: c.worker_state_retention_hours),
     Category("tasks", _batch("prune_terminal_tasks"), lambda c: c.terminal_record_retention_hours),
     Category("workflows", _workflows, lambda c: c.terminal_record_retention_hours),
+    # The dashboard's recoveries per minute (migration 15) are history of the same age.
+    Category(
+        "recovery_minutes", _batch("prune_recovery_minutes"), lambda c: c.terminal_record_retention_hours
+    ),
 )
 
 

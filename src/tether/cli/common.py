@@ -14,13 +14,9 @@ import json
 import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from tether.broker import PostgresBroker
 from tether.broker.workers import WorkerSummary
@@ -30,7 +26,23 @@ from tether.log_setup import setup_logging
 from tether.names import MAX_BY_LENGTH, check_by, check_queue_name, check_task_name
 from tether.result import StepStatus, TaskStatus, WorkflowStatus
 
-console = Console()
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console: Console
+
+
+def __getattr__(name: str) -> Any:
+    """``console``, made on first use: rich is imported only by a command that prints with it
+    (``tether worker`` does not, and starts sooner without it)."""
+    if name == "console":
+        from rich.console import Console
+
+        made = globals()["console"] = Console()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 db_option = click.option(
     "--database-url",
@@ -133,6 +145,10 @@ def count_text(n: int, estimated: bool) -> str:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
     shown = Table(title=title, title_justify="left")
     for col in columns:
         shown.add_column(col)
@@ -144,6 +160,8 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
 
 def status_text(value: str) -> Text:
     """A workflow, step or task status in its colour."""
+    from rich.text import Text
+
     return Text(value, style=STYLES.get(value, ""))
 
 

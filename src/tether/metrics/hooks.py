@@ -1,6 +1,7 @@
 """The calls the worker's main process makes where something worth counting happens.
 
-Each is a no-op (one test of a module global) until ``install`` gives a sink: a worker
+Each is a no-op (one test of a module global) until ``install`` gives a sink (recoveries
+are also tallied for the dashboard's charts, always: metrics/recovery_tally.py): a worker
 started without --metrics-port pays nothing else, and imports no prometheus_client. The
 children never call these: what they did reaches the main process over their pipe
 (protocol.DONE, protocol.BATCH), and the main process counts it here, so one registry in
@@ -10,6 +11,8 @@ one process holds the whole worker's counts (docs/monitoring.md#children).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
+
+from tether.metrics import recovery_tally, rules
 
 if TYPE_CHECKING:
     from tether.broker.claims import TaskPayload
@@ -64,12 +67,18 @@ def heartbeat(seconds: float | None) -> None:
 
 
 def recovered(rule: str, n: int = 1) -> None:
-    """``n`` tasks were recovered by ``rule`` (one of tether.metrics.rules.RULES)."""
+    """``n`` tasks were recovered by ``rule`` (one of tether.metrics.rules.RULES).
+
+    Tallied for the dashboard's chart even without a sink (metrics/recovery_tally.py)."""
+    recovery_tally.add(rule, n)
     if _sink is not None and n:
         _sink.recovered(rule, n)
 
 
 def reaper_pass(done: Recovered | None) -> None:
     """What a reaper pass of this worker did (None: it was not this worker's to do)."""
+    if done is not None:
+        for rule, n in rules.of_pass(done):
+            recovery_tally.add(rule, n)
     if _sink is not None and done is not None:
         _sink.reaper_pass(done)

@@ -6,7 +6,10 @@ to change one that matched nothing.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from tether.broker.recovery import Recovered
 
 # The reaper's pass (worker/reaper.py, broker/recovery.py)
 EXPIRED: Final = "expired"  # PENDING past good_until -> EXPIRED
@@ -37,3 +40,15 @@ RULES: Final = (
     STARTUP_RECONCILIATION,
     SELF_ISOLATION,
 )
+
+
+def of_pass(done: Recovered) -> list[tuple[str, int]]:
+    """The tasks a reaper pass recovered, per rule (those it recovered none by left out)."""
+    found = (
+        (EXPIRED, done.expired),
+        (STALE_CLAIMED_REQUEUED, len(done.requeued)),
+        (STALE_RUNNING_RETRIED, len(done.retried)),
+        (STALE_RUNNING_FAILED, len(done.failed)),
+        (WORKFLOW_STEP_RECONCILED, done.workflow_steps),
+    )
+    return [(rule, n) for rule, n in found if n]

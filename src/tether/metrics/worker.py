@@ -138,15 +138,8 @@ class WorkerMetrics(Collector):
         self.recoveries[rule] = self.recoveries.get(rule, 0) + n
 
     def reaper_pass(self, done: Recovered) -> None:
-        for rule, n in (
-            (rules.EXPIRED, done.expired),
-            (rules.STALE_CLAIMED_REQUEUED, len(done.requeued)),
-            (rules.STALE_RUNNING_RETRIED, len(done.retried)),
-            (rules.STALE_RUNNING_FAILED, len(done.failed)),
-            (rules.WORKFLOW_STEP_RECONCILED, done.workflow_steps),
-        ):
-            if n:
-                self.recovered(rule, n)
+        for rule, n in rules.of_pass(done):
+            self.recovered(rule, n)
         self.workers_deactivated += len(done.deactivated)
 
     # -- the scrape (the HTTP server's thread) ------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,6 +31,8 @@ Query = Mapping[str, Sequence[str]]
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 HEARTBEATS_SHOWN = 20
+# The task page's timeline: enough for a long run at the default interval, few enough to draw.
+TIMELINE_HEARTBEATS = 500
 MAX_WORKERS = 200
 MAX_IN_FLIGHT = 2_000
 READ_TIME_LIMIT_MS = 10_000
@@ -98,7 +100,8 @@ def task_filter(query: Query) -> browse.TaskFilter:
 
 
 def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
-    """``GET /api/tasks/<id>``: the task, every attempt, its latest heartbeats."""
+    """``GET /api/tasks/<id>``: the task, every attempt, its latest heartbeats (the table's
+    few, and the timeline's more), and the server's time (the timeline's right edge)."""
     tid = _parse_uuid("task id", task_id)
 
     def work(conn: Conn) -> dict[str, Any]:
@@ -108,10 +111,14 @@ def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
         step = {
             f: getattr(detail, f) for f in ("workflow_id", "workflow_name", "workflow_status", "step_name")
         }
+        beats = tasks.get_heartbeats(conn, tid, TIMELINE_HEARTBEATS)
         return {
             "task": {**detail.task.as_stored(), **step},
             "attempts": detail.task.attempts,
-            "heartbeats": tasks.get_heartbeats(conn, tid, HEARTBEATS_SHOWN),
+            "heartbeats": beats[:HEARTBEATS_SHOWN],
+            # The timeline's: when and in which role, the latest TIMELINE_HEARTBEATS.
+            "timeline_heartbeats": [{"sent_at": b.sent_at, "role": b.role} for b in beats],
+            "now": datetime.now(UTC),
         }
 
     return read(broker, work)
@@ -218,6 +225,11 @@ def workers_page(broker: PostgresBroker, query: Query) -> dict[str, Any]:
 
 
 # -- query parameters -----------------------------------------------------------------------------
+
+
+def text(query: Query, key: str) -> str | None:
+    """The last value of ``key`` stripped (None if absent or empty; a 400 if too long)."""
+    return _text(query, key)
 
 
 def _text(query: Query, key: str) -> str | None:

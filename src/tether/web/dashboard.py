@@ -30,8 +30,9 @@ from tether.broker import PostgresBroker
 from tether.broker.status import status_snapshot
 from tether.config import RecoveryConfig
 from tether.errors import DatabaseUnreachableError, InvalidOptionError
-from tether.web import actions, api
+from tether.web import actions, api, charts
 from tether.web.auth import READ_ONLY_NOTE, Access, Refusal, is_loopback
+from tether.web.charts import Charts
 from tether.web.hosts import HostCheck
 from tether.web.jsonout import ApiError, encode
 from tether.web.metrics import DashboardMetrics
@@ -67,6 +68,7 @@ class DashboardServer(ThreadingHTTPServer):
         private_reads: bool = False,
         queues: Sequence[str] = (),
         allowed_hosts: Sequence[str] = (),
+        chart_sample_s: float = charts.SAMPLE_S,
     ) -> None:
         self.access = Access(token, private_reads=private_reads)  # before binding: may refuse
         # Before binding too: a bad --allowed-host is refused with nothing opened.
@@ -85,6 +87,15 @@ class DashboardServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._cached: tuple[float, bytes] | None = None
         self.metrics = DashboardMetrics(broker)
+        self.charts = Charts(broker, sample_s=chart_sample_s)
+        self.charts.start()
+
+    def server_close(self) -> None:
+        # Also called by the base class's __init__ when the bind fails, before the charts exist.
+        charts_ = self.__dict__.get("charts")
+        if charts_ is not None:
+            charts_.stop()
+        super().server_close()
 
     def status_json(self) -> bytes:
         """The snapshot as JSON, read afresh unless one younger than SNAPSHOT_MAX_AGE_S exists."""
@@ -130,6 +141,7 @@ GET_ROUTES: list[tuple[re.Pattern[str], Reader]] = [
     (re.compile(r"/api/workflows/(?P<id>[^/]+)"), lambda s, q, m: api.workflow_page(s.broker, m["id"])),
     (re.compile(r"/api/queues"), lambda s, q, m: api.queues_page(s.broker, s.queues)),
     (re.compile(r"/api/workers"), lambda s, q, m: api.workers_page(s.broker, q)),
+    (re.compile(r"/api/charts"), lambda s, q, m: s.charts.answer(api.text(q, "range") or "1h")),
 ]
 ACTION_PATH = re.compile(r"/api/actions/(?P<name>[a-z-]+)")
 CHECK_PATH = "/api/auth/check"

@@ -31,6 +31,7 @@ from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
 from tether.worker.progress_reports import WaitingReporter
 from tether.worker.recorder import Recorder
+from tether.worker.start_method import leave_fork_server
 
 log = logging.getLogger("tether.worker.child")
 
@@ -49,7 +50,11 @@ class ParentGuard:
     """
 
     def __init__(self, parent_pid: int) -> None:
-        self.parent_pid = parent_pid
+        self.parent_pid = parent_pid  # the worker's main process
+        # The process that made this one: the main process (spawn) or the worker's fork
+        # server (tether.worker.start_method), which exits as soon as the main process is gone.
+        # The parent-death signal follows this one; the main process is checked besides.
+        self.direct_parent = os.getppid()
         self.recording = False
         self._libc: ctypes.CDLL | None = None
         if sys.platform.startswith("linux"):
@@ -72,7 +77,17 @@ class ParentGuard:
             time.sleep(0.2)
 
     def parent_alive(self) -> bool:
-        return os.getppid() == self.parent_pid
+        if os.getppid() != self.direct_parent:
+            return False
+        if self.direct_parent == self.parent_pid:
+            return True
+        try:  # made by the fork server: the main process must still be there too
+            os.kill(self.parent_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a pid reused by another user's process: not ours
+            return False
+        return True
 
     def arm(self) -> None:
         self.recording = False
@@ -106,6 +121,7 @@ def begin_child(
 ) -> tuple[ParentGuard, Tether]:
     """What every child does first: die with its parent, leave signals to it, log as the worker's
     main process does (level and format; every line names the worker), import the app."""
+    leave_fork_server()  # before the guard: its parent's exit must follow the main process's
     guard = ParentGuard(parent_pid)
     # Ctrl-C in a terminal, or systemd's SIGTERM to the whole control group, reaches every
     # process of the worker: shutdown (and the grace period) is the main process's call.

@@ -10,6 +10,7 @@ arriving. A freed slot or a stop request only wakes the loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
 
 # A claim right after a notification that finds nothing looks once more this much later:
 # the new row may have been locked for a moment (a result waiter flags it with an UPDATE,
@@ -18,6 +19,10 @@ RECHECK_AFTER_NOTIFY_S = 0.05
 
 # A notification for work due within this long counts as due now.
 DUE_NOW_S = 0.005
+# Due times of delayed work kept: past twice this many, the earliest this many are kept and
+# the rest let go (the poll finds what they announced, a poll interval late at worst). Trimming
+# only then keeps a burst of delayed sends at O(log n) a notification.
+MAX_PENDING_DUES = 1_000
 
 
 class ClaimTriggers:
@@ -25,7 +30,11 @@ class ClaimTriggers:
         self.poll_interval_s = poll_interval_s
         self.maybe_more = True
         self._event = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None  # the earliest delayed task
+        self._timer: asyncio.TimerHandle | None = None  # for the earliest of _dues
+        # Every delayed task announced and not yet due (loop times), earliest first: a timer
+        # for the earliest only would lose the later ones once it fired, and a task due later
+        # would wait for the poll.
+        self._dues: list[float] = []
         self._recheck: asyncio.TimerHandle | None = None
         self._notes = 0  # notifications of work due now, counted...
         self._notes_seen = 0  # ...and as of the last claim
@@ -49,10 +58,21 @@ class ClaimTriggers:
             return
         loop = asyncio.get_running_loop()
         when = loop.time() + due_in
-        if self._timer is None or self._timer.when() > when:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(when, self._on_timer)
+        heapq.heappush(self._dues, when)
+        if len(self._dues) > 2 * MAX_PENDING_DUES:
+            self._dues = heapq.nsmallest(MAX_PENDING_DUES, self._dues)  # sorted: still a heap
+        self._arm(loop)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer set for the earliest pending due time (none left: no timer)."""
+        if not self._dues:
+            return
+        earliest = self._dues[0]
+        if self._timer is not None and self._timer.when() <= earliest:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(earliest, self._on_timer)
 
     def look_again_in(self, seconds: float) -> None:
         """Claim again after ``seconds`` (a rate-limited queue's next token) unless woken before."""
@@ -60,6 +80,12 @@ class ClaimTriggers:
 
     def _on_timer(self) -> None:
         self._timer = None
+        loop = asyncio.get_running_loop()
+        # A timer may fire a hair before its time (the loop's clock resolution): what is due
+        # within DUE_NOW_S counts as due, as for a notification, so it is not re-armed at once.
+        while self._dues and self._dues[0] <= loop.time() + DUE_NOW_S:
+            heapq.heappop(self._dues)
+        self._arm(loop)  # for the next delayed task announced
         self.work_may_wait()
 
     def _on_recheck(self) -> None:
@@ -106,6 +132,7 @@ class ClaimTriggers:
         self.work_may_wait()  # the fallback: nothing depends on a notification arriving
 
     def close(self) -> None:
+        self._dues = []
         for timer in (self._timer, self._recheck):
             if timer is not None:
                 timer.cancel()

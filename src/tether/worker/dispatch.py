@@ -266,11 +266,12 @@ class Dispatcher:
             # (here or elsewhere) recovers the tasks by their heartbeats instead.
             verdict = f"could not be recorded ({exc}); the reaper will recover it when it turns stale"
             verdicts = {task.id: verdict for task in held}
-        if hooks.enabled() or self.traced:
-            for task, rule in recovery_rules(held, verdicts, killed_for, killed_as):
-                hooks.recovered(rule)
-                if self.traced:
-                    tracing.recovered(task, rule, verdicts[task.id])
+        # Always, metrics or not: the dashboard's chart of recoveries tallies them too
+        # (metrics/recovery_tally.py).
+        for task, rule in recovery_rules(held, verdicts, killed_for, killed_as):
+            hooks.recovered(rule)
+            if self.traced:
+                tracing.recovered(task, rule, verdicts[task.id])
         for task in held:
             self.holdings.forget(task.id, task.attempt)
             log.debug(

@@ -19,11 +19,12 @@ from typing import Protocol
 
 import psutil
 
-from tether.broker import heartbeats
+from tether.broker import charts, heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
+from tether.broker.types import AsyncConn
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import AsyncDedicatedConnection
-from tether.metrics import hooks
+from tether.metrics import hooks, recovery_tally
 from tether.worker.backoff import Backoff
 from tether.worker.services import Service
 
@@ -131,9 +132,23 @@ class Heartbeat(Service):
         self.last_ok = sent
         self.beats += 1
         self.source.answered(answer)
+        await self._record_recoveries(conn)
         # Beats are sent an interval apart, however long each took: the gaps the reaper sees
         # stay one interval, not an interval plus a round trip.
         return max(0.0, self.every - (time.monotonic() - sent))
+
+    async def _record_recoveries(self, conn: AsyncConn) -> None:
+        """The recoveries tallied since the last beat, for the dashboard's chart: one more
+        statement, only when there were any. A failure keeps them for a later beat and is no
+        failed beat: the heartbeat itself got through."""
+        tally = recovery_tally.take()
+        if not tally:
+            return
+        try:
+            await asyncio.wait_for(charts.record_recoveries(conn, tally), self.every)
+        except Exception as exc:
+            recovery_tally.give_back(tally)
+            log.warning("could not record %d recovery count(s) for the dashboard: %s", len(tally), exc)
 
     async def close(self) -> None:
         await self.connection.close()  # a beat cut short by its timeout leaves it unusable

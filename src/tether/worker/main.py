@@ -58,6 +58,7 @@ from tether.worker.recorder import Recorder
 from tether.worker.scheduler import Scheduler
 from tether.worker.services import Service, Services
 from tether.worker.shared_connection import SharedConnection
+from tether.worker.start_method import ChildContext, child_context
 from tether.worker.supervisor import Supervisor
 from tether.worker.task_set import TaskSet
 from tether.worker.time_limits import TimeLimits
@@ -106,6 +107,7 @@ class Worker:
         # A pause's give-backs, each held until it is done (and waited for at close).
         self.give_backs = TaskSet("giving back a paused queue's tasks")
         self._sigterm_at = os.environ.get(SIGTERM_AT_ENV)
+        self.child_context: ChildContext | None = None  # made as run() begins
 
     @property
     def worker_id(self) -> str:
@@ -140,6 +142,8 @@ class Worker:
                 loop.add_signal_handler(sig, self.request_stop)
         started: StartedWorker | None = None
         try:
+            if self.child_context is None:  # not made before the loop by run_worker
+                self.child_context = child_context(self.config.start_method, self.app_path)
             await self._reached("begin")
             url = await asyncio.to_thread(lambda: self.app.broker.url)  # also migrates if behind
             started = StartedWorker(self, url)
@@ -165,20 +169,23 @@ class Worker:
         await self._reached("registered")
         if self.stop_requested:
             return
-        # Children start now (they run only what they are handed), so they are ready
-        # by the time the first task is claimed.
-        started.supervisor.start(loop)
-        await self._reached("children")
-        if self.stop_requested:
-            return
-        await started.start_services()
-        await self._reached("services")
-        if self.stop_requested:
-            return
-        # Before claiming anything: recover what dead workers on this host left behind.
-        reconciled = await asyncio.to_thread(
-            reconcile_host, started.url, self.app.config, self.identity, started.maintenance
-        )
+        # Children start now (they run only what they are handed), beside the services and
+        # the reconciliation, so they are ready by the time the first task is claimed.
+        children = asyncio.create_task(started.supervisor.start_async())
+        try:
+            await self._reached("children")
+            if self.stop_requested:
+                return
+            await started.start_services()
+            await self._reached("services")
+            if self.stop_requested:
+                return
+            # Before claiming anything: recover what dead workers on this host left behind.
+            reconciled = await asyncio.to_thread(
+                reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+            )
+        finally:
+            await children  # a stop cut short or not: the children exist before anything else
         metric_hooks.recovered(
             rules.STARTUP_RECONCILIATION,
             len(reconciled.requeued) + len(reconciled.retried) + len(reconciled.failed),
@@ -275,6 +282,7 @@ class StartedWorker:
             on_message=lambda slot, msg: self.dispatcher.on_message(slot, msg),
             on_exit=lambda slot, code: self.dispatcher.on_exit(slot, code),
             log_format=LogSetup.current().format,
+            context=worker.child_context,
         )
         self.dispatcher = Dispatcher(
             lanes=worker.lanes,
@@ -604,7 +612,11 @@ class StartedWorker:
 
 
 def run_worker(app: Tether, app_path: str, config: WorkerConfig | None = None) -> None:
-    asyncio.run(Worker(app, app_path, config).run())
+    worker = Worker(app, app_path, config)
+    # Before the event loop and any thread or connection exist: the fork server can then be
+    # forked from this process, with tether and the app imported (tether.worker.start_method).
+    worker.child_context = child_context(worker.config.start_method, app_path)
+    asyncio.run(worker.run())
 
 
 __all__ = ["Worker", "run_worker"]

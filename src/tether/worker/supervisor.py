@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import time
 import uuid
@@ -30,13 +29,9 @@ from tether.worker.async_child import async_child_main
 from tether.worker.child import child_main
 from tether.worker.lanes import Kind, Lanes
 from tether.worker.pipe_writer import PipeWriter
+from tether.worker.start_method import ChildContext, child_context
 
 log = logging.getLogger("tether.worker.supervisor")
-
-# spawn, not fork: the main process holds an event loop, threads and open sockets
-# that a forked child must not inherit.
-_CTX = multiprocessing.get_context("spawn")
-
 
 @dataclass(eq=False)
 class ChildSlot:
@@ -85,7 +80,11 @@ class Supervisor:
         on_message: OnMessage,
         on_exit: OnExit,
         log_format: LogFormat = "human",
+        context: ChildContext | None = None,
     ) -> None:
+        # Never a plain fork of the main process: it holds an event loop, threads and open
+        # sockets that a forked child must not inherit (tether.worker.start_method).
+        self._ctx = context or child_context("spawn", app_path)
         self.lanes = lanes
         self.processes = lanes.processes
         self.app_path = app_path
@@ -99,15 +98,27 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         # One monotonic timestamp per slot, written by the child's heartbeat thread.
         # CLOCK_MONOTONIC is shared by all processes of the machine.
-        self.stamps = _CTX.Array("d", lanes.processes, lock=False)
+        self.stamps = self._ctx.Array("d", lanes.processes, lock=False)
         # The cancel board: per slot, the 16 bytes of the id of the task whose cancel was
         # requested. A sync child's task code reads its slot (RunningTask.cancel_requested)
         # without a message: the child's one thread is busy running that code.
-        self.cancels = _CTX.Array("B", protocol.CANCEL_ID_BYTES * lanes.processes, lock=False)
+        self.cancels = self._ctx.Array("B", protocol.CANCEL_ID_BYTES * lanes.processes, lock=False)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         for index in range(self.processes):
+            self.spawn(index)
+
+    async def start_async(self) -> None:
+        """start(), the first child made off the event loop: with a fork server, the first start
+        waits until the server has imported tether and the app (a few hundred ms at worst),
+        which must not hold up the loop's other start-up work. The rest fork at once."""
+        self._loop = asyncio.get_running_loop()
+        if not self.processes:
+            return
+        first = await asyncio.to_thread(self._make, 0)
+        self._started(first)
+        for index in range(1, self.processes):
             self.spawn(index)
 
     def kind_of(self, index: int) -> Kind:
@@ -115,8 +126,11 @@ class Supervisor:
         return "sync" if index < self.lanes.sync_processes else "async"
 
     def spawn(self, index: int) -> ChildSlot:
-        assert self._loop is not None
-        parent_end, child_end = _CTX.Pipe(duplex=True)
+        return self._started(self._make(index))
+
+    def _make(self, index: int) -> ChildSlot:
+        """Start child ``index``'s process (any thread); _started() then follows it (the loop's)."""
+        parent_end, child_end = self._ctx.Pipe(duplex=True)
         kind = self.kind_of(index)
         args: tuple[Any, ...] = (
             child_end,
@@ -135,11 +149,16 @@ class Supervisor:
             target = child_main
             args += (self.cancels,)
             self.post_cancel(index, None)  # a replacement child starts with a clean slot
-        process = _CTX.Process(target=target, args=args, name=f"tether-{kind}-child-{index}", daemon=True)
+        name = f"tether-{kind}-child-{index}"
+        process = self._ctx.Process(target=target, args=args, name=name, daemon=True)
         self.stamps[index] = time.monotonic()  # a new child is fresh until it proves otherwise
         process.start()
         child_end.close()
-        slot = ChildSlot(index, kind, process, parent_end)
+        return ChildSlot(index, kind, process, parent_end)
+
+    def _started(self, slot: ChildSlot) -> ChildSlot:
+        assert self._loop is not None
+        index, process, parent_end, kind = slot.index, slot.process, slot.conn, slot.kind
         self.slots[index] = slot
         self._loop.add_reader(parent_end.fileno(), self._readable, slot)
         self._loop.add_reader(process.sentinel, self._exited, slot)

@@ -68,3 +68,20 @@ WITH doomed AS (
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS read,
        (SELECT max(updated_at) FROM doomed) AS reached;
+
+-- name: prune_recovery_minutes
+-- The dashboard's recoveries per minute and rule (migration 15): a few rows an hour, along
+-- the primary key (minute, rule).
+WITH doomed AS (
+    SELECT minute, rule FROM tether_recovery_minutes
+    WHERE minute >= %(after)s AND minute < now() - %(age)s::interval
+    ORDER BY minute
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM tether_recovery_minutes r USING doomed
+    WHERE r.minute = doomed.minute AND r.rule = doomed.rule
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS read,
+       (SELECT max(minute) FROM doomed) AS reached;

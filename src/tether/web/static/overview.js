@@ -1,14 +1,21 @@
-// The overview (#/): what `tether status` shows, from /api/status, and manual recovery
-// (`tether recover`: a dry run first, then the real one when confirmed).
+// The overview (#/): what `tether status` shows, from /api/status, its charts (charts.js,
+// from /api/charts; #/?range=24h for the last day), and manual recovery (`tether recover`:
+// a dry run first, then the real one when confirmed).
 import { ESTIMATE_NOTE, countLink, dryRunButton, el, link, route, seconds, table, taskLink, time } from "./dom.js";
 import { getJSON } from "./net.js";
+import { section } from "./charts.js";
 
 const STATUSES = ["PENDING", "CLAIMED", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "EXPIRED"];
 
 export const refreshMs = 2000;
 
 export async function render(view, ctx) {
-  const s = await getJSON("api/status");
+  // The charts are read beside the status; if they cannot be, the tables still show.
+  const [s, charts] = await Promise.all([
+    getJSON("api/status"),
+    section(view, ctx.params).catch(err => el("p", { class: "error", id: "charts-error",
+                                                       text: "charts: " + err.message })),
+  ]);
   const perQueue = new Map();
   for (const c of s.counts) {
     if (!perQueue.has(c.queue)) perQueue.set(c.queue, {});
@@ -25,6 +32,7 @@ export async function render(view, ctx) {
                                                 ...STATUSES.map(st => count(q, st))]),
           "no tasks", { id: "counts" }),
     s.counts.some(c => c.estimated) ? el("p", { class: "muted", id: "counts-estimated", text: ESTIMATE_NOTE }) : "",
+    charts,
     el("h2", { text: "Workers" }),
     table(["id", "status", "queues", "processes", "async processes", "claimed", "running", "heartbeat age"],
           s.workers.map(w => [w.id, w.status, w.queues.join(","), w.processes,

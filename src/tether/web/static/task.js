@@ -1,7 +1,9 @@
-// One task (#/task/<id>): its fields, arguments, result or error with its traceback, every
-// attempt, the latest heartbeats, the workflow it is a step of; cancel and retry.
+// One task (#/task/<id>): its fields, arguments, result or error with its traceback, its
+// attempts and heartbeats on a timeline (timeline.js), every attempt, the latest
+// heartbeats, the workflow it is a step of; cancel and retry.
 import { badge, confirmButton, el, fields, json, link, route, table, time, workflowLink } from "./dom.js";
 import { getJSON } from "./net.js";
+import { timeline } from "./timeline.js";
 
 export const refreshMs = 2000;
 
@@ -10,7 +12,8 @@ const RETRYABLE = new Set(["FAILED", "CANCELLED", "EXPIRED"]);
 
 export async function render(view, ctx) {
   const id = ctx.arg;
-  const { task: t, attempts, heartbeats } = await getJSON("api/tasks/" + encodeURIComponent(id));
+  const { task: t, attempts, heartbeats, timeline_heartbeats: beats, now } =
+    await getJSON("api/tasks/" + encodeURIComponent(id));
   view.append(el("h2", {}, "Task ", el("span", { text: t.name }), " ", badge(t.status)));
   view.dataset.status = t.status;
   view.append(actions(t, ctx));
@@ -50,6 +53,11 @@ export async function render(view, ctx) {
               el("div", { id: "task-args" }, "args ", json(t.args), "kwargs ", json(t.kwargs)));
   view.append(el("h3", { text: "Result" }), result(t.result));
 
+  view.append(el("h3", { text: "Timeline" }),
+              el("div", { id: "task-timeline" }, timeline(t, attempts, beats, now),
+                 el("p", { class: "muted", text: "Each attempt from its start to its end (the one in flight up to " +
+                                                  "now); a tick per heartbeat, by role (the latest " +
+                                                  `${beats.length}); the dashed line is its sending.` })));
   view.append(el("h3", { text: "Attempts" }), table(
     ["attempt", "outcome", "will retry", "error", "message", "worker", "host", "pid", "started", "finished"],
     attempts.map(a => [a.attempt, badge(a.outcome), a.will_retry ? "yes" : "no", a.error_code || "",
