@@ -6,7 +6,7 @@
   the limited claim, a limit that never binds) and ``per_key`` (per_key 100 over 100
   keys, each task carrying one). Figure: tasks/s in database time, each limited kind as a
   share of the unlimited one of its executor (target >= 80 %).
-- limited_claim_cost: the limited claim's statement time (both statements, one
+- limited_claim_cost: the limited claim's time (its statement(s), in one
   transaction, rolled back so the backlog stays) with 10,000 and with 100,000 PENDING
   tasks spread over 1,000 keys: it reads a window of keys, not the backlog.
 """
@@ -180,7 +180,7 @@ def limited_claim_cost(ctx: Context) -> Outcome:
     _set_limits(ctx, "unlimited")
     small, big = results[10_000], results[100_000]
     return Outcome(
-        f"limited claim of 2 (both statements, one transaction, rolled back), {keys:,} keys: "
+        f"limited claim of 2 (in one transaction, rolled back), {keys:,} keys: "
         f"10,000 PENDING p50 {small['p50_ms']:.2f} ms p95 {small['p95_ms']:.2f} ms; "
         f"100,000 PENDING p50 {big['p50_ms']:.2f} ms p95 {big['p95_ms']:.2f} ms",
         [

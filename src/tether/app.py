@@ -127,6 +127,7 @@ class Tether:
         overlap: Overlap = "allow",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Callable[[Task[P, R]], Task[P, R]]: ...
 
     @overload
@@ -143,6 +144,7 @@ class Tether:
         overlap: Overlap = "allow",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Schedule: ...
 
     def periodic(
@@ -158,6 +160,7 @@ class Tether:
         overlap: Overlap = "allow",
         queue: str | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Schedule | Callable[[Task[P, R]], Task[P, R]]:
         """Send ``task`` at every time ``cron`` names (a slot), exactly once per slot.
 
@@ -166,7 +169,9 @@ class Tether:
         name) identifies the schedule across deploys. ``catch_up`` decides what happens
         to slots missed while no worker ran: "latest" (one task, for the most recent),
         "all" (every one, up to 100) or "none". ``overlap="skip"`` skips a slot while the
-        previous slot's task has not ended. Without ``task``, a decorator for one.
+        previous slot's task has not ended. ``concurrency_key``: the key its tasks are sent
+        with (default: the argument the task declares, from ``args``/``kwargs``; see
+        docs/limits.md). Without ``task``, a decorator for one.
         See docs/periodic.md.
         """
         if task is None:
@@ -183,6 +188,7 @@ class Tether:
                     overlap=overlap,
                     queue=queue,
                     priority=priority,
+                    concurrency_key=concurrency_key,
                 )
                 return fn
 
@@ -198,6 +204,7 @@ class Tether:
                 queue if queue is not None else task.options.queue,
                 priority if priority is not None else task.options.priority,
                 None,
+                concurrency_key=concurrency_key,
             ),
         )
         schedule = declare(

@@ -13,7 +13,15 @@ import math
 import uuid
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from tether.errors import InvalidOptionError
@@ -43,6 +51,9 @@ class QueueLimits(BaseModel):
     - ``per_key``: at most this many per concurrency key.
     - ``rate_limit`` per ``rate_period_s``: at most that many claims per period, as a token
       bucket of ``burst`` tokens (default ``rate_limit``) refilled evenly in database time.
+    - ``key_rate_limit`` per ``key_rate_period_s``: the same rate, for each concurrency key on
+      its own (a bucket of ``key_burst`` tokens per key, default ``key_rate_limit``). Tasks
+      without a key have no per-key rate.
     - ``key_weights``: a key's share of the round-robin (default 1): weight 2 is served
       twice as often as weight 1.
     """
@@ -55,13 +66,17 @@ class QueueLimits(BaseModel):
     rate_period_s: Annotated[float, BeforeValidator(_reject_bool)] = 1.0
     burst: _Count | None = None
     key_weights: dict[str, float] = Field(default_factory=dict)
+    # Added after the fields above (keyword-only in use): positions of older fields unchanged.
+    key_rate_limit: _Count | None = None
+    key_rate_period_s: Annotated[float, BeforeValidator(_reject_bool)] = 1.0
+    key_burst: _Count | None = None
 
-    @field_validator("rate_period_s")
+    @field_validator("rate_period_s", "key_rate_period_s")
     @classmethod
-    def _period(cls, value: float) -> float:
+    def _period(cls, value: float, info: ValidationInfo) -> float:
         if not 0.001 <= value <= MAX_RATE_PERIOD_S:
             raise ValueError(
-                f"rate_period_s must be from 0.001 to {MAX_RATE_PERIOD_S:g} seconds, got {value!r}"
+                f"{info.field_name} must be from 0.001 to {MAX_RATE_PERIOD_S:g} seconds, got {value!r}"
             )
         return value
 
@@ -80,11 +95,17 @@ class QueueLimits(BaseModel):
     def _burst_needs_rate(self) -> QueueLimits:
         if self.burst is not None and self.rate_limit is None:
             raise ValueError("burst needs a rate_limit: it is the rate's bucket size")
+        if self.key_burst is not None and self.key_rate_limit is None:
+            raise ValueError("key_burst needs a key_rate_limit: it is each key's bucket size")
         return self
 
     @property
     def rate_period_ms(self) -> int | None:
         return None if self.rate_limit is None else max(1, round(self.rate_period_s * 1000))
+
+    @property
+    def key_rate_period_ms(self) -> int | None:
+        return None if self.key_rate_limit is None else max(1, round(self.key_rate_period_s * 1000))
 
 
 def check_concurrency_key(key: Any, what: str = "concurrency_key") -> str:

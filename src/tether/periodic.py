@@ -22,10 +22,12 @@ from tether.broker.types import Conn
 from tether.cron import Cron, CronError
 from tether.errors import (
     BadArgumentsError,
+    InvalidOptionError,
     ScheduleDefinitionError,
     ScheduleNotFoundError,
     SerializationError,
 )
+from tether.limits import check_concurrency_key
 from tether.names import is_task_name
 from tether.options import SendOptions
 
@@ -56,6 +58,8 @@ class PeriodicTask(Protocol):
     def retry_policy(self) -> Any: ...
 
     def encode_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]: ...
+
+    def bound_argument(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,10 @@ def declare(
         args_json, kwargs_json = task.encode_arguments(tuple(args), dict(kwargs or {}))
     except (BadArgumentsError, SerializationError) as exc:
         raise ScheduleDefinitionError(f"{what}: {exc}") from None
+    try:
+        key = _concurrency_key(task, options, args, kwargs or {})
+    except InvalidOptionError as exc:
+        raise ScheduleDefinitionError(f"{what}: {exc}") from None
     policy = task.retry_policy
     definition = ScheduleDefinition(
         name=schedule_name,
@@ -125,8 +133,26 @@ def declare(
         retry_policy=codec.dumps(policy.to_json(), what="retry_policy") if policy is not None else None,
         catch_up=catch_up,
         overlap=overlap,
+        concurrency_key=key,
     )
     return Schedule(schedule_name, parsed, task.name, definition)
+
+
+def _concurrency_key(
+    task: PeriodicTask, options: SendOptions, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str | None:
+    """The key every task of the schedule is sent with (docs/limits.md), as a send finds it:
+    ``with_options(concurrency_key=...)``, else the argument the task declares, from the
+    schedule's arguments (fixed when declared)."""
+    if options.concurrency_key is not None:
+        return options.concurrency_key
+    arg: str | None = getattr(task, "concurrency_key_arg", None)
+    if arg is None:
+        return None
+    value = task.bound_argument(arg, args, kwargs)
+    if value is None:
+        return None
+    return check_concurrency_key(value, f"argument {arg!r} of task {task.name!r} (its concurrency key)")
 
 
 # -- which slots to send ----------------------------------------------------------------

@@ -6,6 +6,7 @@ that take their concurrency key from an argument.
 - ``capped``: at most 3 in flight in the whole queue.
 - ``fair``: no limit, keys served round-robin.
 - ``rated``: at most 10 claims a second, burst 10.
+- ``keyrated``: at most 10 claims a second per key, burst 10 per key.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from tether import AppConfig, ErrorCode, QueueLimits, RetryPolicy, TaskError, Ta
 
 app = Tether(
     AppConfig(
-        queues=["default", "keyed", "serial", "capped", "fair", "rated"],
+        queues=["default", "keyed", "serial", "capped", "fair", "rated", "keyrated"],
         queue_limits={
             "keyed": QueueLimits(per_key=2),
             "serial": QueueLimits(per_key=1),
             "capped": QueueLimits(max_in_flight=3),
             "fair": QueueLimits(),
             "rated": QueueLimits(rate_limit=10, rate_period_s=1.0),
+            "keyrated": QueueLimits(key_rate_limit=10, key_rate_period_s=1.0),
         },
     )
 )

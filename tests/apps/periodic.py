@@ -21,6 +21,11 @@ def beat(label: str) -> str:
     return label
 
 
+@app.task("keyed_beat", concurrency_key="label")
+def keyed_beat(label: str) -> str:
+    return label
+
+
 @app.task("slow_beat")
 def slow_beat(label: str, seconds: float) -> str:
     time.sleep(seconds)

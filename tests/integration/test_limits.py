@@ -1,5 +1,6 @@
 """Flow control with real workers (docs/limits.md): concurrency limits per key and per queue,
-round-robin between keys, rate limits, async tasks; 3 workers x 4 processes each."""
+round-robin between keys, rate limits per queue and per key, async tasks; 3 workers x 4
+processes each."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.conftest import WorkerFactory, wait_until
 from tests.limit_sampler import InFlightSampler
 
 APP = "tests.apps.limited:app"
-QUEUES = "keyed,serial,capped,fair,rated,default"
+QUEUES = "keyed,serial,capped,fair,rated,keyrated,default"
 
 
 def _start(workers: WorkerFactory, n: int = 3, *args: str) -> None:
@@ -154,6 +155,128 @@ def test_rate_limit_of_10_per_second_across_workers(
 
 
 @pytest.mark.timeout(120)
+def test_rate_limit_of_10_per_second_per_key_across_workers(
+    db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
+) -> None:
+    limited = load_app_module("limited", database_url)
+    _start(workers)
+    warm = [h.id for h in limited.plain_work.send_many([(0.05,)] * 24)]
+    wait_until(lambda: _count(db, warm) == 24, timeout=60, interval=0.1, message="warm-up tasks")
+    # Two keys of 40 tasks each, and 10 tasks without a key (no per-key rate: at once).
+    ids = [
+        h.id
+        for k in ("a", "b")
+        for h in limited.plain_work.with_options(queue="keyrated", concurrency_key=k).send_many([(0.0,)] * 40)
+    ]
+    free = [h.id for h in limited.plain_work.with_options(queue="keyrated").send_many([(0.0,)] * 10)]
+    wait_until(lambda: _count(db, ids + free) == 90, timeout=60, interval=0.1, message="90 key-rated tasks")
+    rows = db.execute(
+        "SELECT concurrency_key, claimed_at FROM tether_tasks WHERE id = ANY(%s) ORDER BY claimed_at", (ids,)
+    ).fetchall()
+    first = rows[0]["claimed_at"]
+    for key in ("a", "b"):
+        claims = [r["claimed_at"] for r in rows if r["concurrency_key"] == key]
+        # A full bucket (10) at once, then 10 a second: the other 30 need at least 3 s.
+        assert (claims[-1] - claims[0]).total_seconds() >= 2.9, key
+        # The documented bound, per key: any window of W seconds holds at most burst + rate x W.
+        for i, start in enumerate(claims):
+            for width in (0.5, 1.0, 2.0):
+                within = sum(1 for c in claims[i:] if (c - start).total_seconds() < width)
+                assert within <= 10 + 10 * width, (key, i, width, within)
+        # Each key has its own bucket: both start at once, neither waits for the other.
+        assert (claims[0] - first).total_seconds() < 0.5, key
+        assert (claims[-1] - first).total_seconds() < 5.0, key
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(claims)]
+        assert max(gaps) < 0.6, (key, " ".join(f"{g:.2f}" for g in gaps))
+    # At most one bucket per key was kept (no row: a full bucket).
+    row = db.execute("SELECT count(*) AS n FROM tether_key_tokens WHERE queue = 'keyrated'").fetchone()
+    assert row is not None and row["n"] <= 2
+
+
+def test_per_key_rate_set_shown_pruned_and_removed_by_hand(
+    db: psycopg.Connection[Any], database_url: str
+) -> None:
+    from click.testing import CliRunner
+
+    from tests.cli_support import run
+    from tether.broker import limited_claims
+    from tether.cli import cli
+
+    db.execute("DELETE FROM tether_queue_limits")
+    done = run(
+        database_url, "queue", "limit", "mail", "--key-rate", "5", "--key-per", "60", "--key-burst", "7"
+    )
+    assert done.exit_code == 0, done.output
+    row = db.execute(
+        "SELECT key_rate_limit, key_rate_period_ms, key_burst, rate_limit FROM tether_queue_limits"
+    ).fetchone()
+    assert row == {"key_rate_limit": 5, "key_rate_period_ms": 60000, "key_burst": 7, "rate_limit": None}
+    bad = CliRunner().invoke(
+        cli, ["queue", "limit", "mail", "--key-rate", "0", "--database-url", database_url]
+    )
+    assert bad.exit_code == 2 and "key_rate_limit" in bad.output
+    bad = CliRunner().invoke(
+        cli, ["queue", "limit", "mail", "--key-burst", "3", "--database-url", database_url]
+    )
+    assert bad.exit_code == 2 and "key_burst needs a key_rate_limit" in bad.output
+    assert db.execute("SELECT key_rate_limit FROM tether_queue_limits").fetchone() == {"key_rate_limit": 5}
+    # Buckets: one spent just now (kept, and shown as out of tokens: 5 a minute refill it
+    # slowly), one spent long ago (full again: the reaper's pass drops it).
+    db.execute(
+        "INSERT INTO tether_key_tokens (queue, concurrency_key, tokens, refilled_at) VALUES"
+        " ('mail', 'spent', 0.2, now()), ('mail', 'full', 0, now() - interval '1 hour')"
+    )
+    shown = run(database_url, "queues")
+    assert "5 per 60s, burst 7" in shown.output, shown.output
+    [use] = limited_claims.limit_uses(db)
+    assert use.keys_out_of_tokens == 1 and use.limits.key_rate_limit == 5
+    assert limited_claims.prune_key_tokens(db) == 1
+    keys = db.execute("SELECT concurrency_key FROM tether_key_tokens").fetchall()
+    assert keys == [{"concurrency_key": "spent"}]
+    # A new per-key rate starts every key with a full bucket; removing the limits drops them.
+    run(database_url, "queue", "limit", "mail", "--key-rate", "6")
+    assert db.execute("SELECT count(*) AS n FROM tether_key_tokens").fetchone() == {"n": 0}
+    db.execute(
+        "INSERT INTO tether_key_tokens (queue, concurrency_key, tokens, refilled_at)"
+        " VALUES ('mail', 'spent', 0.2, now())"
+    )
+    run(database_url, "queue", "limit", "mail", "--key-rate", "6", "--weight", "vip=2")
+    assert db.execute("SELECT count(*) AS n FROM tether_key_tokens").fetchone() == {"n": 1}
+    assert "limits removed" in run(database_url, "queue", "unlimit", "mail").output
+    assert db.execute("SELECT count(*) AS n FROM tether_key_tokens").fetchone() == {"n": 0}
+
+
+@pytest.mark.timeout(120)
+def test_workflow_steps_carry_concurrency_keys_and_keep_the_limit(
+    db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
+) -> None:
+    from tether.errors import WorkflowDefinitionError
+
+    limited = load_app_module("limited", database_url)
+    _start(workers, 1)
+    # Six parallel steps of key "wf-a" (from the argument) on `keyed` (per_key 2); then a step
+    # whose key is given by hand, and one whose key argument another step feeds (no key: it
+    # is not known when the workflow starts).
+    first = [limited.tenant_work.node(args=("wf-a", 0.2), name=f"a{i}") for i in range(6)]
+    given = limited.tenant_work.with_options(concurrency_key="wf-given").node(
+        args=("x", 0.0), name="given", after=first
+    )
+    fed = limited.tenant_work.node(kwargs={"seconds": 0.0}, args_from={"tenant": given}, name="fed")
+    with InFlightSampler(direct_url, "keyed") as sampler:
+        handle = limited.app.workflow("keyed-flow", [*first, given, fed]).start()
+        result = handle.get(timeout=60)
+    assert result.is_ok, result
+    assert sampler.max_per_key.get("wf-a") == 2, sampler.max_per_key
+    rows = db.execute(
+        "SELECT concurrency_key AS key, count(*) AS n FROM tether_tasks WHERE workflow_id = %s GROUP BY 1",
+        (handle.id,),
+    ).fetchall()
+    assert {r["key"]: r["n"] for r in rows} == {"wf-a": 6, "wf-given": 1, None: 1}
+    with pytest.raises(WorkflowDefinitionError, match="node 'bad': argument 'tenant' of task 'tenant_work'"):
+        limited.app.workflow("bad-key", [limited.tenant_work.node(args=("", 0.0), name="bad")])
+
+
+@pytest.mark.timeout(120)
 def test_async_tasks_keep_the_per_key_limit(
     db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
 ) -> None:
@@ -196,6 +319,14 @@ def test_bad_limits_are_refused_naming_the_field(database_url: str) -> None:
         QueueLimits(burst=5)
     with pytest.raises(ValidationError, match="key_weights"):
         QueueLimits(key_weights={"a": 0})
+    with pytest.raises(ValidationError, match="key_rate_limit"):
+        QueueLimits(key_rate_limit=0)
+    with pytest.raises(ValidationError, match="key_rate_period_s must be from"):
+        QueueLimits(key_rate_limit=5, key_rate_period_s=0)
+    with pytest.raises(ValidationError, match="key_burst needs a key_rate_limit"):
+        QueueLimits(key_burst=5)
+    with pytest.raises(ValidationError, match="key_burst"):
+        QueueLimits(key_rate_limit=5, key_burst=True)
     with pytest.raises(ValidationError, match="queue_limits names queue"):
         AppConfig(queues=["default"], queue_limits={"nope": QueueLimits()})
     limited = load_app_module("limited", database_url)
@@ -352,3 +483,49 @@ def test_key_weights_share_the_turns(
         ).fetchall()
     ]
     assert 13 <= first.count("heavy") <= 17, first
+
+
+async def test_a_claim_that_waited_for_the_queue_lock_counts_what_the_holder_claimed(
+    db: psycopg.Connection[Any], direct_url: str
+) -> None:
+    """The limited claim is one statement: its snapshot is older than the queue's lock it waits
+    for. What it holds the limit to is counted after the lock (limited_claims.sql), so a claim
+    that began before the holder committed still sees the holder's claims and takes nothing."""
+    import asyncio
+
+    from psycopg.rows import dict_row
+
+    from tether.broker.limited_claims import KeyCursor, claim_limited
+
+    db.execute("INSERT INTO tether_queue_limits (queue, max_in_flight) VALUES ('capped', 3)")
+    db.execute(
+        "INSERT INTO tether_tasks (id, name, queue) SELECT gen_random_uuid(), 'plain_work', 'capped'"
+        " FROM generate_series(1, 10)"
+    )
+
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(direct_url, autocommit=True, row_factory=dict_row)
+
+    holder, waiter = await connect(), await connect()
+    try:
+        claim = {"queue": "capped", "limit": 10, "async_limit": 0, "async_names": [], "skip_names": []}
+        async with holder.transaction():
+            first = await claim_limited(holder, worker_id="holder", cursor=KeyCursor(), **claim)
+            assert len(first.tasks) == 3
+            pid = waiter.info.backend_pid
+            second = asyncio.ensure_future(
+                claim_limited(waiter, worker_id="waiter", cursor=KeyCursor(), **claim)
+            )
+
+            def waits_for_the_lock() -> bool:
+                row = db.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                return bool(row and row["wait_event"] == "advisory")
+
+            await asyncio.to_thread(wait_until, waits_for_the_lock, 10, 0.02, "the second claim to wait")
+        # The holder committed; the waiting statement, begun before that, now counts 3 in flight.
+        assert (await asyncio.wait_for(second, 10)).tasks == []
+        row = db.execute("SELECT count(*) AS n FROM tether_tasks WHERE status = 'CLAIMED'").fetchone()
+        assert row == {"n": 3}
+    finally:
+        await holder.close()
+        await waiter.close()

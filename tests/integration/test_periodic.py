@@ -282,3 +282,44 @@ def test_declaration_errors_name_the_problem(periodic: ModuleType) -> None:
     decorated = app.periodic("@daily", name="decorated", kwargs={"label": "z"})(beat)
     assert decorated is beat and set(app.schedules) == {"once", "decorated"}
     app.schedules.clear()
+
+
+def test_periodic_tasks_carry_their_concurrency_key(
+    db: Conn, workers: WorkerFactory, periodic: ModuleType
+) -> None:
+    """From the argument the task declares (fixed with the schedule's args), or given by hand
+    (docs/limits.md): every slot's task is sent with it."""
+    env = schedules_env(
+        {"cron": "* * * * * *", "task": "keyed_beat", "name": "keyed-by-arg", "args": ["tenant-1"]},
+        {
+            "cron": "* * * * * *",
+            "task": "beat",
+            "name": "keyed-by-hand",
+            "args": ["x"],
+            "concurrency_key": "given",
+        },
+        {"cron": "* * * * * *", "task": "beat", "name": "no-key", "args": ["y"]},
+    )
+    workers.start(APP, "--processes", "1", env=env)
+    sent = "SELECT DISTINCT schedule_name, concurrency_key FROM tether_tasks WHERE schedule_name IS NOT NULL"
+    rows = wait_until(
+        lambda: (r := db.execute(sent).fetchall()) and len({x["schedule_name"] for x in r}) == 3 and r,
+        timeout=60,
+        message="a slot of each schedule",
+    )
+    assert {(r["schedule_name"], r["concurrency_key"]) for r in rows} == {
+        ("keyed-by-arg", "tenant-1"),
+        ("keyed-by-hand", "given"),
+        ("no-key", None),
+    }
+    stored = db.execute("SELECT name, concurrency_key FROM tether_schedules ORDER BY name").fetchall()
+    assert [(r["name"], r["concurrency_key"]) for r in stored] == [
+        ("keyed-by-arg", "tenant-1"),
+        ("keyed-by-hand", "given"),
+        ("no-key", None),
+    ]
+    # A bad key is refused when the schedule is declared, naming where it came from.
+    with pytest.raises(
+        ScheduleDefinitionError, match=r"argument 'label' of task 'keyed_beat'.*must not be empty"
+    ):
+        periodic.app.periodic("* * * * *", periodic.keyed_beat, name="bad-key", args=[""])

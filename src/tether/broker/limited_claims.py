@@ -1,8 +1,8 @@
 """The limited claim and the limits themselves (limited_claims.sql; docs/limits.md).
 
-A flow-controlled queue (a row in tether_queue_limits) is claimed only here: two statements
-in one transaction, the first taking the locks, the second counting the slots in use with a
-snapshot newer than the locks and claiming into the room left. Everything after the claim
+A flow-controlled queue (a row in tether_queue_limits) is claimed only here: one statement
+that takes the locks, counts the slots in use (and the rates' tokens) with snapshots newer
+than the locks (VOLATILE functions, migration 0016) and claims into the room left. Everything after the claim
 (start, outcome, give-back, recovery) is the plain path's: a slot is the task's in-flight row.
 """
 
@@ -57,45 +57,37 @@ async def claim_limited(
     """Claim from flow-controlled ``queue``: up to ``limit`` tasks not in ``async_names`` and up to
     ``async_limit`` in it, within every limit. ``idle``: how many of them children would start
     at once (None: all); the rest wait for a child, which the claim allows only while the
-    queue and the key stay within half their limits. Moves ``cursor`` on. Runs its own
-    transaction."""
+    queue and the key stay within half their limits. Moves ``cursor`` on. One statement: its
+    own transaction on an autocommit connection."""
     wanted = limit + async_limit
     window = max(32, 4 * wanted)
     after = cursor.after
-    async with conn.transaction():
-        cur = await conn.execute(
-            q("limited_keys"),
-            {
-                "queue": queue,
-                "cursor": after,
-                "window": window,
-                "wanted": wanted,
-                "skip_names": skip_names,
-            },
-        )
-        rows = await cur.fetchall()
-        keys = [r["key"] for r in rows if r["key"] is not None and r["locked"]]
-        weights = {r["key"]: r["weight"] for r in rows if r["key"] is not None}
-        contended = any(r["key"] is not None and not r["locked"] for r in rows)
-        more_keys = bool(rows and rows[0]["window_full"])
-        window_end = (rows[0]["window_end"] or "") if more_keys else cursor.after
-        cur = await conn.execute(
-            q("limited_claim"),
-            {
-                "queue": queue,
-                "keys": keys,
-                "unkeyed": cursor.unkeyed,
-                "unkeyed_window": window,
-                "limit": wanted,
-                "other_limit": limit,
-                "async_limit": async_limit,
-                "async_names": async_names,
-                "skip_names": skip_names,
-                "worker_id": worker_id,
-                "idle": wanted if idle is None else max(0, idle),
-            },
-        )
-        claimed = await cur.fetchall()
+    # One statement, its own transaction (the caller's, if it opened one: the bench rolls
+    # back): the locks, the counts after them, and the claim (limited_claims.sql).
+    cur = await conn.execute(
+        q("limited_claim"),
+        {
+            "queue": queue,
+            "cursor": after,
+            "window": window,
+            "wanted": wanted,
+            "skip_names": skip_names,
+            "unkeyed": cursor.unkeyed,
+            "unkeyed_window": window,
+            "other_limit": limit,
+            "async_limit": async_limit,
+            "async_names": async_names,
+            "worker_id": worker_id,
+            "idle": wanted if idle is None else max(0, idle),
+        },
+    )
+    claimed = await cur.fetchall()
+    summary = claimed[0]
+    keys: list[str] = list(summary["keys_locked"])
+    weights = dict(zip(keys, summary["weights"], strict=True))
+    contended = bool(summary["contended"])
+    more_keys = bool(summary["window_full"])
+    window_end = (summary["window_end"] or "") if more_keys else cursor.after
     tasks = [TaskPayload.from_row(row) for row in claimed if row["id"] is not None]
     # The next claim starts after the last key (in turn) this one took a task of: round-robin.
     # With none taken, after this window when more keys lie beyond it, else where it was (a
@@ -130,12 +122,17 @@ def _move_cursor(
 
 async def limited_queues(conn: AsyncConn, queues: list[str]) -> dict[str, float | None]:
     """Which of ``queues`` are flow-controlled now, each with the seconds one token of its rate
-    takes to come back (None: no rate limit)."""
+    takes to come back, the queue's or a key's, whichever is sooner (None: no rate limit)."""
     cur = await conn.execute(q("queue_limits_of"), {"queues": queues})
-    return {
-        row["queue"]: row["rate_period_ms"] / 1000 / row["rate_limit"] if row["rate_limit"] else None
-        for row in await cur.fetchall()
-    }
+    found: dict[str, float | None] = {}
+    for row in await cur.fetchall():
+        token_s = [
+            row[period] / 1000 / row[rate]
+            for rate, period in (("rate_limit", "rate_period_ms"), ("key_rate_limit", "key_rate_period_ms"))
+            if row[rate]
+        ]
+        found[row["queue"]] = min(token_s) if token_s else None
+    return found
 
 
 async def declare_limits(conn: AsyncConn, limits: dict[str, QueueLimits], set_by: str) -> list[str]:
@@ -166,8 +163,17 @@ def _limit_params(queue: str, lim: QueueLimits, set_by: str) -> dict[str, Any]:
         "rate_period_ms": lim.rate_period_ms,
         "burst": lim.burst,
         "key_weights": json.dumps(lim.key_weights, sort_keys=True),
+        "key_rate_limit": lim.key_rate_limit,
+        "key_rate_period_ms": lim.key_rate_period_ms,
+        "key_burst": lim.key_burst,
         "set_by": set_by,
     }
+
+
+def prune_key_tokens(conn: Conn) -> int:
+    """Drop per-key rate buckets that are full again, or whose queue has no per-key rate now
+    (the reaper's pass); how many."""
+    return conn.execute(q("prune_key_tokens")).rowcount
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +189,12 @@ class LimitUse:
     busiest_key_in_flight: int
     keys_at_limit: int  # keys with per_key tasks in flight
     tokens: float | None  # the rate's tokens now (None: no rate limit)
+    keys_out_of_tokens: int | None = None  # keys with less than one token of the per-key rate
 
     @classmethod
     def from_row(cls, row: Row) -> LimitUse:
         period = row["rate_period_ms"]
+        key_period = row["key_rate_period_ms"]
         limits = QueueLimits(
             max_in_flight=row["max_in_flight"],
             per_key=row["per_key"],
@@ -194,6 +202,9 @@ class LimitUse:
             rate_period_s=period / 1000 if period else 1.0,
             burst=row["burst"],
             key_weights=json.loads(row["key_weights"]),
+            key_rate_limit=row["key_rate_limit"],
+            key_rate_period_s=key_period / 1000 if key_period else 1.0,
+            key_burst=row["key_burst"],
         )
         return cls(
             row["queue"],
@@ -205,6 +216,7 @@ class LimitUse:
             row["busiest_key_in_flight"],
             row["keys_at_limit"],
             row["tokens"],
+            row["keys_out_of_tokens"],
         )
 
 

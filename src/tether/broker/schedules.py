@@ -33,6 +33,7 @@ class ScheduleDefinition:
     retry_policy: str | None
     catch_up: str
     overlap: str
+    concurrency_key: str | None = None  # its tasks' (docs/limits.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ def _definition(row: dict[str, Any]) -> ScheduleDefinition:
         row["retry_policy"],
         row["catch_up"],
         row["overlap"],
+        row["concurrency_key"],
     )
 
 
@@ -126,6 +128,7 @@ def upsert_schedule(conn: Conn, schedule: ScheduleDefinition, next_slot: datetim
         "retry_policy": schedule.retry_policy,
         "catch_up": schedule.catch_up,
         "overlap": schedule.overlap,
+        "concurrency_key": schedule.concurrency_key,
         "next_slot": next_slot,
     }
     conn.execute(q("upsert_schedule"), params)
@@ -167,6 +170,7 @@ def insert_slot_tasks(
         "kwargs": schedule.kwargs,
         "max_retries": schedule.max_retries,
         "retry_policy": schedule.retry_policy,
+        "concurrency_key": schedule.concurrency_key,
         "schedule": schedule.name,
         "ids": list(ids),
         "slots": list(slots),

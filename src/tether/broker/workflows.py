@@ -69,6 +69,7 @@ class NewStep:
     run_anyway: bool
     unique_key: str | None = None  # taken when the step's task is enqueued (docs/tasks.md#unique-sends)
     unique_for_s: float | None = None  # its window, in seconds
+    concurrency_key: str | None = None  # its task's (docs/limits.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ def _steps_params(workflow_id: WorkflowId, steps: Sequence[NewStep]) -> dict[str
             "run_anyway": s.run_anyway,
             "unique_key": s.unique_key,
             "unique_for": None if s.unique_for_s is None else f"{s.unique_for_s} seconds",
+            "concurrency_key": s.concurrency_key,
         }
         for s in steps
     ]

@@ -55,6 +55,9 @@ def queues(database_url: str | None, as_json: bool, app_path: str | None, exact:
     uses = common.open_broker(database_url, app_path).run(limited_claims.limit_uses)
     if uses:
         common.console.print(limits_table(uses))
+        key_rates = key_rates_table(uses)
+        if key_rates is not None:
+            common.console.print(key_rates)
     # Since when and by whom under the table, one line each: the table stays narrow.
     for r in rows:
         if r.paused:
@@ -91,6 +94,26 @@ def _rate(limits: QueueLimits) -> str:
         return ""
     burst = f", burst {limits.burst}" if limits.burst else ""
     return f"{limits.rate_limit} per {limits.rate_period_s:g}s{burst}"
+
+
+def key_rates_table(uses: list[LimitUse]) -> Table | None:
+    """The queues with a rate per key (a table of its own: the limits table is full): each
+    rate, and how many keys have spent their tokens now. None: no such queue."""
+    rated = [u for u in uses if u.limits.key_rate_limit is not None]
+    if not rated:
+        return None
+    return common.table(
+        "Rates per key (docs/limits.md)",
+        ["queue", "rate per key", "keys out of tokens"],
+        [[u.queue, _key_rate(u.limits), str(u.keys_out_of_tokens or 0)] for u in rated],
+    )
+
+
+def _key_rate(limits: QueueLimits) -> str:
+    if limits.key_rate_limit is None:
+        return ""
+    burst = f", burst {limits.key_burst}" if limits.key_burst else ""
+    return f"{limits.key_rate_limit} per {limits.key_rate_period_s:g}s{burst}"
 
 
 def _state(row: QueueInfo) -> Text:
@@ -199,6 +222,22 @@ def _weights(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
 @click.option("--rate", "rate_limit", type=int, default=None, help="At most N claims per --per seconds.")
 @click.option("--per", "rate_period_s", type=float, default=1.0, show_default=True, help="The rate's period.")
 @click.option("--burst", type=int, default=None, help="The rate's bucket (default: --rate).")
+@click.option(
+    "--key-rate",
+    "key_rate_limit",
+    type=int,
+    default=None,
+    help="At most N claims per --key-per seconds, per key.",
+)
+@click.option(
+    "--key-per",
+    "key_rate_period_s",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="The per-key rate's period.",
+)
+@click.option("--key-burst", type=int, default=None, help="Each key's bucket (default: --key-rate).")
 @click.option("--weight", "weights", multiple=True, callback=_weights, help="KEY=WEIGHT in the round-robin.")
 @by_option
 @common.db_option
@@ -209,6 +248,9 @@ def limit(
     rate_limit: int | None,
     rate_period_s: float,
     burst: int | None,
+    key_rate_limit: int | None,
+    key_rate_period_s: float,
+    key_burst: int | None,
     weights: dict[str, float],
     by: str | None,
     database_url: str | None,
@@ -226,6 +268,9 @@ def limit(
             rate_period_s=rate_period_s,
             burst=burst,
             key_weights=weights,
+            key_rate_limit=key_rate_limit,
+            key_rate_period_s=key_rate_period_s,
+            key_burst=key_burst,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -25,7 +25,7 @@ import logging
 import random
 import uuid
 
-from tether.broker import reaper_passes, recovery
+from tether.broker import limited_claims, reaper_passes, recovery
 from tether.broker.types import Conn, DatabaseError, OperationalError
 from tether.config import AppConfig
 from tether.metrics import hooks
@@ -168,6 +168,15 @@ class Reaper(Service):
             raise  # the connection is gone: the whole tick failed, and is tried again
         except DatabaseError as exc:
             log.error("could not check workers for stale heartbeats: %s", exc)
+        try:
+            # Per-key rate buckets that refilled to full say nothing (no row is a full bucket):
+            # dropped here, in the pass's transaction, so they do not pile up with keys.
+            with conn.transaction():
+                limited_claims.prune_key_tokens(conn)
+        except OperationalError:
+            raise
+        except DatabaseError as exc:
+            log.error("could not prune per-key rate buckets: %s", exc)
         return done
 
     def _sleep_for(self, conn: Conn) -> float:

@@ -25,8 +25,9 @@ from tether.broker.types import AsyncCallerConn, CallerConn
 from tether.broker.workflows import NewStep, NewWorkflow, StepFeed
 from tether.caller_transaction import check_connection, run_in, run_in_async
 from tether.config import RetryPolicy
-from tether.errors import SerializationError, WorkflowDefinitionError
+from tether.errors import InvalidOptionError, SerializationError, WorkflowDefinitionError
 from tether.ids import new_task_id, new_task_ids
+from tether.limits import check_concurrency_key
 from tether.offload import in_thread
 from tether.options import SendOptions
 from tether.result import TaskResult
@@ -178,6 +179,7 @@ class Workflow:
                 self.dependents[d].append(i)
         self.feeds = [self._feeds(i, node) for i, node in enumerate(self.nodes)]
         self.encoded = [self._encode(i, node) for i, node in enumerate(self.nodes)]
+        self.keys = [self._key(i, node) for i, node in enumerate(self.nodes)]
         self.output = None if output is None else self._ref(None, output, "output")
         if self.output is None:
             sinks = [i for i, d in enumerate(self.dependents) if not d]
@@ -279,6 +281,31 @@ class Workflow:
         # Parsed as plain JSON (tags kept): the steps travel inside one JSON document.
         return json.loads(args), json.loads(kwargs)
 
+    def _key(self, i: int, node: Node) -> str | None:
+        """The step's concurrency key (docs/limits.md): its options' (``with_options(
+        concurrency_key=...)``), else the value of the argument its task declares, from the
+        node's own arguments. An argument fed by another step (args_from) is not known
+        until that step finishes: such a step has no key unless one is given."""
+        if node.options.concurrency_key is not None:
+            return node.options.concurrency_key
+        arg: str | None = getattr(node.task, "concurrency_key_arg", None)
+        if arg is None or arg in node.args_from:
+            return None
+        try:
+            bound = node.task.signature.bind_partial(*node.args, **node.kwargs)
+        except TypeError:
+            return None  # the encoding above names what does not fit
+        bound.apply_defaults()
+        value = bound.arguments.get(arg)
+        if value is None:
+            return None
+        try:
+            return check_concurrency_key(
+                value, f"argument {arg!r} of task {node.task.name!r} (its concurrency key)"
+            )
+        except InvalidOptionError as exc:
+            raise WorkflowDefinitionError(f"workflow {self.name!r}, node {self.names[i]!r}: {exc}") from None
+
     # -- starting ---------------------------------------------------------------
 
     def rows(self, workflow_id: uuid.UUID) -> tuple[NewWorkflow, list[NewStep]]:
@@ -310,6 +337,7 @@ class Workflow:
                     join_mode=node.join,
                     run_anyway=node.run_anyway,
                     unique_key=node.options.unique_key,
+                    concurrency_key=self.keys[i],
                     unique_for_s=(
                         None if node.options.unique_for is None else node.options.unique_for.total_seconds()
                     ),

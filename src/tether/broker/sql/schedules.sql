@@ -8,7 +8,8 @@
 -- A starting worker's view of the schedules of its queues, locked until it has
 -- written its own declarations (workers starting together take turns).
 SELECT name, task_name, cron, timezone, args::text, kwargs::text, queue, priority,
-       max_retries, retry_policy::text, catch_up, overlap, removed_at IS NOT NULL AS removed,
+       max_retries, retry_policy::text, catch_up, overlap, concurrency_key,
+       removed_at IS NOT NULL AS removed,
        now() AS now
 FROM tether_schedules
 WHERE queue = ANY(%(queues)s)
@@ -19,15 +20,16 @@ FOR UPDATE;
 -- A new schedule, or a changed or re-declared one: its slots start after now (no
 -- backfill of the time it did not exist or had another definition).
 INSERT INTO tether_schedules (name, task_name, cron, timezone, args, kwargs, queue, priority,
-                              max_retries, retry_policy, catch_up, overlap, next_slot)
+                              max_retries, retry_policy, catch_up, overlap, concurrency_key, next_slot)
 VALUES (%(name)s, %(task_name)s, %(cron)s, %(timezone)s, %(args)s::jsonb, %(kwargs)s::jsonb,
         %(queue)s, %(priority)s, %(max_retries)s, %(retry_policy)s::jsonb, %(catch_up)s,
-        %(overlap)s, %(next_slot)s)
+        %(overlap)s, %(concurrency_key)s, %(next_slot)s)
 ON CONFLICT (name) DO UPDATE SET
     task_name = excluded.task_name, cron = excluded.cron, timezone = excluded.timezone,
     args = excluded.args, kwargs = excluded.kwargs, queue = excluded.queue,
     priority = excluded.priority, max_retries = excluded.max_retries,
     retry_policy = excluded.retry_policy, catch_up = excluded.catch_up, overlap = excluded.overlap,
+    concurrency_key = excluded.concurrency_key,
     next_slot = excluded.next_slot, removed_at = NULL, changed_at = now(), slots_after = now(),
     updated_at = now();
 
@@ -45,7 +47,7 @@ SELECT pg_notify('tether_schedules', q) FROM unnest(%(queues)s::text[]) AS q;
 -- no longer due (READ COMMITTED re-checks the WHERE on the newer row). If the other
 -- worker died instead, its lock went with its connection and this one sends.
 SELECT s.name, s.task_name, s.cron, s.timezone, s.args::text, s.kwargs::text, s.queue,
-       s.priority, s.max_retries, s.retry_policy::text, s.catch_up, s.overlap,
+       s.priority, s.max_retries, s.retry_policy::text, s.catch_up, s.overlap, s.concurrency_key,
        s.slots_after, s.last_slot, t.status AS last_status, now() AS now
 FROM tether_schedules s
 LEFT JOIN tether_tasks t ON t.id = s.last_task_id
@@ -59,9 +61,11 @@ FOR UPDATE OF s;
 -- index). Notifies like a send when a worker waits for the queue.
 WITH ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, run_at, enqueued_at, schedule_name, schedule_slot)
+                              retry_policy, run_at, enqueued_at, schedule_name, schedule_slot,
+                              concurrency_key)
     SELECT u.id, %(task_name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
-           %(max_retries)s, %(retry_policy)s::jsonb, now(), now(), %(schedule)s, u.slot
+           %(max_retries)s, %(retry_policy)s::jsonb, now(), now(), %(schedule)s, u.slot,
+           %(concurrency_key)s
     FROM unnest(%(ids)s::uuid[], %(slots)s::timestamptz[]) AS u (id, slot)
     ON CONFLICT (schedule_name, schedule_slot) WHERE schedule_name IS NOT NULL DO NOTHING
     RETURNING id, queue, run_at, schedule_slot

@@ -16,15 +16,16 @@ VALUES (%(id)s, %(name)s, %(on_error)s, %(output_node)s, %(steps_total)s, %(trac
 INSERT INTO tether_workflow_tasks (workflow_id, node, node_name, task_id, task_name, queue, priority,
                                    args, kwargs, args_from, max_retries, retry_policy, depends_on,
                                    dependents, join_mode, run_anyway, unique_key, unique_for,
-                                   waiting_on, status)
+                                   concurrency_key, waiting_on, status)
 SELECT %(workflow_id)s, s.node, s.node_name, s.task_id, s.task_name, s.queue, s.priority,
        s.args, s.kwargs, s.args_from, s.max_retries, s.retry_policy, s.depends_on, s.dependents,
-       s.join_mode, s.run_anyway, s.unique_key, s.unique_for, cardinality(s.depends_on),
+       s.join_mode, s.run_anyway, s.unique_key, s.unique_for, s.concurrency_key, cardinality(s.depends_on),
        CASE WHEN cardinality(s.depends_on) = 0 THEN 'READY' ELSE 'WAITING' END
 FROM jsonb_to_recordset(%(steps)s::jsonb) AS s (
     node int, node_name text, task_id uuid, task_name text, queue text, priority int, args jsonb,
     kwargs jsonb, args_from jsonb, max_retries int, retry_policy jsonb, depends_on int[],
-    dependents uuid[], join_mode text, run_anyway boolean, unique_key text, unique_for interval);
+    dependents uuid[], join_mode text, run_anyway boolean, unique_key text, unique_for interval,
+    concurrency_key text);
 
 -- name: lock_workflow
 SELECT id, name, status, on_error FROM tether_workflows WHERE id = %(id)s FOR UPDATE;
@@ -151,7 +152,7 @@ FROM moved;
 WITH ready AS (
     SELECT s.workflow_id, s.task_id, s.task_name, s.queue, s.priority, s.args,
            s.kwargs || coalesce(fed.kwargs, '{}'::jsonb) AS kwargs, s.max_retries, s.retry_policy,
-           s.unique_key, s.unique_for
+           s.unique_key, s.unique_for, s.concurrency_key
     FROM tether_workflow_tasks s
     CROSS JOIN LATERAL (
         SELECT jsonb_object_agg(f.key, v.value) AS kwargs
@@ -186,7 +187,7 @@ WITH ready AS (
 ), ins AS (
     INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries, retry_policy,
                               workflow_id, unique_key, status, error_code, result, failed_at,
-                              trace_context)
+                              trace_context, concurrency_key)
     SELECT r.task_id, r.task_name, r.queue, r.priority, r.args, r.kwargs, r.max_retries,
            r.retry_policy, r.workflow_id, r.unique_key,
            CASE WHEN h.holder IS NULL THEN 'PENDING' ELSE 'FAILED' END,
@@ -198,7 +199,8 @@ WITH ready AS (
                'data', jsonb_build_object('task_id', h.holder::text))) END,
            CASE WHEN h.holder IS NOT NULL THEN now() END,
            -- a step runs in its workflow's trace (docs/monitoring.md#tracing)
-           (SELECT w.trace_context FROM tether_workflows w WHERE w.id = r.workflow_id)
+           (SELECT w.trace_context FROM tether_workflows w WHERE w.id = r.workflow_id),
+           r.concurrency_key
     FROM ready r
     LEFT JOIN LATERAL (
         SELECT k.task_id AS holder FROM key k

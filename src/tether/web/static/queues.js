@@ -43,12 +43,16 @@ export async function render(view, ctx) {
       l.per_key ? String(l.keys_at_limit) : "",
       l.rate_limit ? `${l.rate_limit} per ${l.rate_period_s}s` + (l.burst ? `, burst ${l.burst}` : "") : "",
       l.tokens === null ? "" : l.tokens.toFixed(1),
+      l.key_rate_limit
+        ? `${l.key_rate_limit} per ${l.key_rate_period_s}s` + (l.key_burst ? `, burst ${l.key_burst}` : "") : "",
+      l.keys_out_of_tokens === null ? "" : String(l.keys_out_of_tokens),
       Object.entries(l.key_weights).map(([k, w]) => `${k}=${w}`).join(", "),
     ]);
     view.append(el("h2", { text: "Limits" }),
                 el("p", { class: "muted", text: "Flow-controlled queues: tasks CLAIMED or RUNNING now against " +
                                                 "each limit (tether queue limit NAME sets them)." }),
-                table(["queue", "in flight", "per key", "busiest key", "keys at limit", "rate", "tokens", "weights"],
+                table(["queue", "in flight", "per key", "busiest key", "keys at limit", "rate", "tokens",
+                       "rate per key", "keys out of tokens", "weights"],
                       limitRows, "no limits", { id: "limits" }));
   }
 }
