@@ -1,0 +1,39 @@
+-- Checkpointed steps of a running task (tether/steps.py, docs/durable-steps.md).
+
+-- name: load_steps
+-- Every step the task completed in earlier attempts: read once per attempt, at its
+-- first step() call. The attempt's own steps are kept in memory from then on.
+SELECT name, occurrence, result::text AS result
+FROM tether_task_steps
+WHERE task_id = %(id)s;
+
+-- name: write_step
+-- One completed step, fenced like an outcome: written only while the task is RUNNING
+-- under this attempt and owner. FOR SHARE holds the row until this statement commits,
+-- so a recovery (the reaper's or a dead child's record) that moves the task on either
+-- commits first, and then this write re-reads the row, matches nothing and adds nothing
+-- (held = false: the attempt is a zombie), or waits until the step is in. ON CONFLICT:
+-- a write retried after a connection lost around its COMMIT finds its own row (no
+-- other attempt can have written one while this attempt holds the task).
+-- The stored text comes back: jsonb orders keys its own way, and the first run of a
+-- step returns exactly what a later attempt will read.
+WITH fence AS (
+    SELECT id FROM tether_tasks
+    WHERE id = %(id)s AND status COLLATE "C" = 'RUNNING' AND attempt = %(attempt)s
+      AND claimed_by_worker_id = %(worker_id)s
+    FOR SHARE
+), written AS (
+    INSERT INTO tether_task_steps (task_id, name, occurrence, result, attempt)
+    SELECT id, %(name)s, %(occurrence)s, %(result)s::jsonb, %(attempt)s FROM fence
+    ON CONFLICT (task_id, name, occurrence) DO NOTHING
+    RETURNING result::text AS result
+)
+SELECT EXISTS (SELECT 1 FROM fence) AS held, (SELECT result FROM written) AS stored;
+
+-- name: list_steps
+-- The steps of a task in the order they were recorded (tests; later `tether task ID`).
+SELECT name, occurrence, result::text AS result, attempt, written_at,
+       octet_length(result::text) AS size
+FROM tether_task_steps
+WHERE task_id = %(id)s
+ORDER BY written_at, name, occurrence;

@@ -1,0 +1,70 @@
+"""Checkpointed steps of a running task (steps.sql): load them once per attempt, write each one fenced.
+
+A step write names the attempt and the owner like an outcome write (claims.Fence): an
+attempt that lost its task (recovered elsewhere while it was frozen) matches no row and
+adds nothing, and the function says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tether.broker.queries import q
+from tether.broker.types import Conn
+
+#: A stored step: (name, occurrence) -> its result as JSON text.
+StepKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StepWritten:
+    """What a step write did: held (the attempt still holds its task) and the stored JSON text
+    (None when nothing was written: lost, or the row was already ours)."""
+
+    held: bool
+    stored: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredStep:
+    """One step of a task as stored (for listings)."""
+
+    name: str
+    occurrence: int
+    result: str  # JSON text
+    attempt: int
+    written_at: datetime
+    size: int  # bytes of its JSON text
+
+
+def load_steps(conn: Conn, task_id: str) -> dict[StepKey, str]:
+    """Every step of the task stored so far: (name, occurrence) -> result JSON text."""
+    rows = conn.execute(q("load_steps"), {"id": task_id}).fetchall()
+    return {(row["name"], row["occurrence"]): row["result"] for row in rows}
+
+
+def write_step(
+    conn: Conn, *, task_id: str, attempt: int, worker_id: str, name: str, occurrence: int, result: str
+) -> StepWritten:
+    """Store one completed step, fenced by the attempt and the owner; one statement."""
+    params = {
+        "id": task_id,
+        "attempt": attempt,
+        "worker_id": worker_id,
+        "name": name,
+        "occurrence": occurrence,
+        "result": result,
+    }
+    row = conn.execute(q("write_step"), params).fetchone()
+    assert row is not None  # the statement always returns one row
+    return StepWritten(bool(row["held"]), row["stored"])
+
+
+def list_steps(conn: Conn, task_id: str) -> list[StoredStep]:
+    """The steps of a task in the order they were recorded."""
+    rows = conn.execute(q("list_steps"), {"id": task_id}).fetchall()
+    return [
+        StoredStep(r["name"], r["occurrence"], r["result"], r["attempt"], r["written_at"], r["size"])
+        for r in rows
+    ]
