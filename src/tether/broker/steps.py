@@ -8,7 +8,6 @@ adds nothing, and the function says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
 from tether.broker.queries import q
 from tether.broker.types import Conn
@@ -24,18 +23,6 @@ class StepWritten:
 
     held: bool
     stored: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredStep:
-    """One step of a task as stored (for listings)."""
-
-    name: str
-    occurrence: int
-    result: str  # JSON text
-    attempt: int
-    written_at: datetime
-    size: int  # bytes of its JSON text
 
 
 def load_steps(conn: Conn, task_id: str) -> dict[StepKey, str]:
@@ -59,12 +46,3 @@ def write_step(
     row = conn.execute(q("write_step"), params).fetchone()
     assert row is not None  # the statement always returns one row
     return StepWritten(bool(row["held"]), row["stored"])
-
-
-def list_steps(conn: Conn, task_id: str) -> list[StoredStep]:
-    """The steps of a task in the order they were recorded."""
-    rows = conn.execute(q("list_steps"), {"id": task_id}).fetchall()
-    return [
-        StoredStep(r["name"], r["occurrence"], r["result"], r["attempt"], r["written_at"], r["size"])
-        for r in rows
-    ]

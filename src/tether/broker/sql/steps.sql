@@ -29,11 +29,3 @@ WITH fence AS (
     RETURNING result::text AS result
 )
 SELECT EXISTS (SELECT 1 FROM fence) AS held, (SELECT result FROM written) AS stored;
-
--- name: list_steps
--- The steps of a task in the order they were recorded (tests; later `tether task ID`).
-SELECT name, occurrence, result::text AS result, attempt, written_at,
-       octet_length(result::text) AS size
-FROM tether_task_steps
-WHERE task_id = %(id)s
-ORDER BY written_at, name, occurrence;
