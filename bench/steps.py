@@ -7,8 +7,9 @@
   the transactions per step: the transactions (pg_stat_database.xact_commit) the tasks of
   k steps add over as many tasks of 0 steps (the same task, the same claims and outcomes;
   a task that calls no step reads nothing), divided by the steps. Every statement a child
-  runs is its own transaction (autocommit), so this counts statements too: k writes (each
-  one commit) and the one read per attempt, so 1.1 for 10 steps.
+  runs is its own transaction (autocommit), so this counts statements too: in a sync child
+  k writes (each one commit) and the one read per attempt, so 1.1 for 10 steps; in an
+  async child, whose step writes are batched across its tasks, less.
 
 ``python -m bench --only steps``
 """
@@ -132,7 +133,7 @@ def steps(ctx: Context) -> Outcome:
             ),
             Row(
                 "steps",
-                f"{kind} child: step writes per step",
+                f"{kind} child: rows written per step",
                 median(f"{kind}_steps", "writes_per_step"),
                 "",
                 "1",

@@ -133,3 +133,35 @@ def test_a_write_retried_after_its_commit_finds_its_own_step(
     assert rec_a.write_step(task, "one", 0, "1") == "1"
     assert rec_a.write_step(task, "one", 0, "1") == "1"
     assert stored(db, task.id) == [("one", 0, 1, task.attempt)]
+
+
+def test_a_batch_of_steps_is_fenced_row_by_row(
+    db: Conn, basic: ModuleType, recorders: tuple[Recorder, Recorder], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async child's batch (write_steps): the steps of a task A lost add nothing, the others
+    are written, a row already written by this attempt counts as done."""
+    rec_a, rec_b = recorders
+    basic.add.send(1, 2)
+    basic.add.send(3, 4)
+    kept, lost = claim(db, A, limit=2)
+    assert rec_a.start(kept) and rec_a.start(lost)
+    assert rec_a.write_step(kept, "one", 0, "1") == "1"
+    requeue(db, lost.id)
+    (again,) = claim(db, B)
+    assert again.id == lost.id and rec_b.start(again)
+
+    writes = [
+        (kept, "one", 0, "1"),  # already there: a retry after a lost COMMIT
+        (kept, "one", 1, '{"y": 2, "x": 1}'),
+        (lost, "one", 0, "10"),
+        (kept, "two", 0, "20"),
+    ]
+    with caplog.at_level(logging.WARNING, logger="tether.worker.recorder"):
+        assert rec_a.write_steps(writes) == ["1", '{"x": 1, "y": 2}', None, "20"]
+    assert lost_warnings(caplog, lost.id)
+    assert sorted(stored(db, kept.id)) == [
+        ("one", 0, 1, kept.attempt),
+        ("one", 1, {"x": 1, "y": 2}, kept.attempt),
+        ("two", 0, 20, kept.attempt),
+    ]
+    assert stored(db, lost.id) == []

@@ -46,3 +46,33 @@ def write_step(
     row = conn.execute(q("write_step"), params).fetchone()
     assert row is not None  # the statement always returns one row
     return StepWritten(bool(row["held"]), row["stored"])
+
+
+@dataclass(frozen=True, slots=True)
+class StepToWrite:
+    """One completed step of a task, for write_steps."""
+
+    task_id: str
+    attempt: int
+    name: str
+    occurrence: int
+    result: str  # JSON text
+
+
+def write_steps(
+    conn: Conn, *, worker_id: str, steps: list[StepToWrite]
+) -> dict[tuple[str, str, int], str | None]:
+    """Store many steps (of tasks held by ``worker_id``) in one statement, each fenced by its
+    attempt. Returns, for each (task_id, name, occurrence) whose attempt still holds its task,
+    the stored JSON text (None: the row was already there, our own earlier commit); the steps
+    of attempts that lost their task are absent."""
+    params = {
+        "worker_id": worker_id,
+        "ids": [s.task_id for s in steps],
+        "attempts": [s.attempt for s in steps],
+        "names": [s.name for s in steps],
+        "occurrences": [s.occurrence for s in steps],
+        "results": [s.result for s in steps],
+    }
+    rows = conn.execute(q("write_steps"), params).fetchall()
+    return {(r["task_id"], r["name"], r["occurrence"]): r["stored"] for r in rows}

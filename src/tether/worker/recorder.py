@@ -396,6 +396,24 @@ class Recorder:
         # found the row it wrote (no other attempt can write while this one holds the task).
         return written.stored if written.stored is not None else result
 
+    def write_steps(self, writes: Sequence[tuple[TaskPayload, str, int, str]]) -> list[str | None]:
+        """write_step for many steps (task, name, occurrence, result) in one statement; the answer
+        of each, in order."""
+        rows = [steps.StepToWrite(t.id, t.attempt, name, occ, result) for t, name, occ, result in writes]
+        done, _ = self._with_retry(
+            f"recording {len(rows)} step(s)",
+            lambda c: steps.write_steps(c, worker_id=self.worker_id, steps=rows),
+        )
+        answers: list[str | None] = []
+        for task, name, occurrence, result in writes:
+            key = (task.id, name, occurrence)
+            if key not in done:
+                self._explain_miss(task, f"record step {name!r}", False, settled=TaskStatus.RUNNING)
+                answers.append(None)
+            else:  # None: our own row, found by a retry after a lost COMMIT (see write_step)
+                answers.append(done[key] or result)
+        return answers
+
     def _explain_miss(
         self, task: TaskPayload, action: str, retried: bool, *, settled: TaskStatus
     ) -> TaskStatus | None:

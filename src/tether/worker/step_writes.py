@@ -10,17 +10,29 @@ connection and a thread of their own, as its progress reports do (worker/progres
 and for the same reason: a step write that waits (a lost connection retried, a row held by
 a recovery) never runs on the loop, and never holds up the batch writes of the other
 tasks' starts and outcomes. Unlike a progress report, a step always waits for its write:
-the code after a step may rely on it being stored.
+the code after a step may rely on it being stored. The writes are batched as the child's
+outcomes are: the steps its tasks completed while the previous write was in flight go in
+the next one, one statement and one commit (broker ``write_steps``), each row under its own
+fence. A batch the database refuses as a whole is written again one step at a time, so
+that only the step at fault fails (in its own task).
 """
 
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from tether.broker.claims import TaskPayload
 from tether.broker.steps import StepKey
+from tether.broker.types import DatabaseError, OperationalError
 from tether.worker.recorder import Recorder
+
+log = logging.getLogger("tether.worker.step_writes")
+
+#: One step to write: (task, name, occurrence, result JSON) and the future its caller waits on.
+_Pending = tuple[TaskPayload, str, int, str, "Future[str | None]"]
 
 
 class ChildSteps:
@@ -44,23 +56,68 @@ class ChildSteps:
 
 
 class StepWriter:
-    """An async child's step reads and writes: one connection (opened at the first step) and one thread."""
+    """An async child's step reads and writes: one connection (opened at the first step) and one
+    thread; the writes waiting when the thread is free go together in one statement."""
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="tether-step-writer")
+        self._lock = threading.Lock()
+        self._waiting: list[_Pending] = []
+        self._draining = False  # a drain is queued or running on the thread
 
     def for_task(self, task: TaskPayload) -> TaskSteps:
         return TaskSteps(self, task)
 
+    def write(self, task: TaskPayload, name: str, occurrence: int, result: str) -> Future[str | None]:
+        """Queue a step for the next batch; the future gives its answer (write_step's)."""
+        answer: Future[str | None] = Future()
+        with self._lock:
+            self._waiting.append((task, name, occurrence, result, answer))
+            start, self._draining = not self._draining, True
+        if start:
+            self.thread.submit(self._drain)
+        return answer
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                taken, self._waiting = self._waiting, []
+                if not taken:
+                    self._draining = False
+                    return
+            # From here an answer cannot be cancelled; a step whose task was cancelled while it
+            # waited (a time limit) is dropped: it counts as interrupted, nothing is stored.
+            batch = [pending for pending in taken if pending[4].set_running_or_notify_cancel()]
+            if batch:
+                self._write(batch)
+
+    def _write(self, batch: list[_Pending]) -> None:
+        try:
+            answers = self.recorder.write_steps([(t, n, o, r) for t, n, o, r, _ in batch])
+        except OperationalError as exc:  # the database stayed away past the recorder's retries
+            for *_, answer in batch:
+                answer.set_exception(exc)
+            return
+        except DatabaseError as exc:
+            if len(batch) == 1:
+                batch[0][4].set_exception(exc)
+                return
+            log.exception("writing %d steps failed; writing each step alone", len(batch))
+            for pending in batch:
+                self._write([pending])
+            return
+        for (*_, answer), stored in zip(batch, answers, strict=True):
+            answer.set_result(stored)
+
     def close(self) -> None:
-        self.thread.shutdown(wait=True)  # a step under way is written first
+        self.thread.shutdown(wait=True)  # the steps under way are written first
         self.recorder.close()
 
 
 class TaskSteps:
     """The steps of one task of an async child: from the loop (step_async) or from a thread of
-    the task (a sync task, or asyncio.to_thread), which waits for its turn."""
+    the task (a sync task, or asyncio.to_thread), which waits for its answer there."""
 
     def __init__(self, writer: StepWriter, task: TaskPayload) -> None:
         self.writer = writer
@@ -70,16 +127,11 @@ class TaskSteps:
         return self.writer.thread.submit(self.writer.recorder.load_steps, self.task).result()
 
     def write(self, name: str, occurrence: int, result: str) -> str | None:
-        recorder = self.writer.recorder
-        return self.writer.thread.submit(recorder.write_step, self.task, name, occurrence, result).result()
+        return self.writer.write(self.task, name, occurrence, result).result()
 
     async def load_async(self) -> dict[StepKey, str]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.writer.thread, self.writer.recorder.load_steps, self.task)
 
     async def write_async(self, name: str, occurrence: int, result: str) -> str | None:
-        loop = asyncio.get_running_loop()
-        recorder = self.writer.recorder
-        return await loop.run_in_executor(
-            self.writer.thread, recorder.write_step, self.task, name, occurrence, result
-        )
+        return await asyncio.wrap_future(self.writer.write(self.task, name, occurrence, result))
