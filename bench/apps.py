@@ -1,7 +1,8 @@
 """The app the benchmarks run: workers load ``bench.apps:app``; producers call ``make_app``.
 
-Two tasks: ``noop`` (returns at once) and ``hold(seconds)`` (sleeps: the long task the
-recovery scenarios kill; no retry policy, so a crash FAILS it with WORKER_CRASHED).
+Three tasks: ``noop`` (returns at once), ``hold(seconds)`` (sleeps: the long task the
+recovery scenarios kill; no retry policy, so a crash FAILS it with WORKER_CRASHED) and
+``stepper(k)`` (k checkpointed no-op steps, bench/steps.py).
 With TETHER_BENCH_SCHEDULE set (a cron expression), the app also sends ``noop`` by that
 schedule, named "bench" (the periodic_lateness scenario).
 
@@ -17,7 +18,7 @@ import time
 from typing import Any
 
 from bench import otel_sdk as bench_otel_sdk
-from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
+from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether, current_task
 
 
 def _register(app: Tether) -> Tether:
@@ -30,10 +31,22 @@ def _register(app: Tether) -> Tether:
         time.sleep(seconds)
         return TaskResult(ok=None)
 
+    @app.task("stepper")
+    def stepper(k: int) -> TaskResult[None, TaskError]:
+        running = current_task()
+        assert running is not None
+        for i in range(k):
+            running.step("s", _step_value, i)
+        return TaskResult(ok=None)
+
     schedule = os.environ.get("TETHER_BENCH_SCHEDULE")
     if schedule:
         app.periodic(schedule, noop, name="bench")
     return app
+
+
+def _step_value(i: int) -> int:
+    return i
 
 
 def make_app(database_url: str | None = None, *, pool_max_size: int | None = None) -> Tether:

@@ -2,7 +2,8 @@
 
 Only ``async def`` tasks, so a worker started on it runs one async child and no sync
 child by default (worker/lanes.py). ``anoop`` returns at once; ``asleep(seconds)``
-awaits ``asyncio.sleep``: the I/O-bound task the executor exists for. Producers call
+awaits ``asyncio.sleep``: the I/O-bound task the executor exists for; ``astepper(k)``
+awaits k checkpointed no-op steps (bench/steps.py). Producers call
 ``make_app``; the worker's copy reads TETHER_DATABASE_URL.
 """
 
@@ -12,7 +13,7 @@ import asyncio
 from typing import Any
 
 from bench import otel_sdk as bench_otel_sdk
-from tether import AppConfig, PostgresConfig, Tether
+from tether import AppConfig, PostgresConfig, Tether, current_task
 
 
 def _register(app: Tether) -> Tether:
@@ -24,7 +25,18 @@ def _register(app: Tether) -> Tether:
     async def asleep(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
+    @app.task("astepper")
+    async def astepper(k: int) -> None:
+        running = current_task()
+        assert running is not None
+        for i in range(k):
+            await running.step_async("s", _step_value, i)
+
     return app
+
+
+async def _step_value(i: int) -> int:
+    return i
 
 
 def make_app(database_url: str | None = None) -> Tether:

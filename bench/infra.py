@@ -23,6 +23,7 @@ DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TASK_TABLES = (
     "tether_task_attempts",
     "tether_unique_keys",  # references tether_tasks: emptied with it
+    "tether_task_steps",  # the same
     "tether_tasks",
     "tether_heartbeats",
     "tether_worker_states",

@@ -12,9 +12,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether.errors import TaskCancelledError
+from tether.errors import StepError, TaskCancelledError
+
+if TYPE_CHECKING:
+    from tether.steps import StepBook
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +33,38 @@ class RunningTask:
     attempt: int  # the claim's fencing token: every claim increments it, so it can have gaps
     retry_count: int  # retries so far: 0 on the first run
     worker_id: str  # the worker holding the claim (tether_workers.id)
+    # This attempt's checkpointed steps (tether.steps), set by the child running the task.
+    _steps: StepBook | None = field(default=None, repr=False, compare=False)
+
+    def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once for this task, across all its attempts
+        (docs/durable-steps.md).
+
+        The first attempt to reach the step calls ``fn`` and stores its JSON result with the
+        task (one fenced write) before returning it; a later attempt of the same task (a
+        WORKER_CRASHED retry, a retry after an error) gets the stored result back and ``fn``
+        is not called. The value returned is the result as stored (decoded from its JSON),
+        on the first run too. The n-th call of a name in an attempt maps to the n-th
+        stored result of that name (steps in a loop may share a name); a call whose ``fn``
+        raised does not count. An exception from ``fn`` stores nothing and goes on up.
+
+        Raises StepError for a bad name (1..200 printable characters, not starting with
+        ``tether.``), an ``async def`` fn (use step_async), a call from inside a running event
+        loop, or a result over 1 MiB of JSON; SerializationError for a result that is not
+        JSON; StepLostError (a BaseException) when this attempt lost its task meanwhile.
+        """
+        return self._book(name).step(name, fn, *args, **kwargs)
+
+    async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``step`` for ``async def`` tasks: ``fn`` may be an ``async def`` (awaited) or a plain
+        function (called on the loop); the reads and the write wait without blocking the event
+        loop. Same rules, errors and guarantee as ``step``."""
+        return await self._book(name).step_async(name, fn, *args, **kwargs)
+
+    def _book(self, name: str) -> StepBook:
+        if self._steps is None:
+            raise StepError(f"step {name!r}: steps need a task run by a tether worker")
+        return self._steps
 
     @property
     def cancel_requested(self) -> bool:

@@ -81,3 +81,18 @@ class TaskCancelledError(BaseException):
     A BaseException, like asyncio.CancelledError, so that an ``except Exception`` in the
     task's code does not swallow it: the task ends CANCELLED when it leaves the task.
     """
+
+
+class StepError(TetherError, ValueError):
+    """A checkpointed step refused (docs/durable-steps.md): a bad name or function, a step called
+    the wrong way (sync/async), or a result past the size limit. Nothing was stored."""
+
+
+class StepLostError(BaseException):
+    """Raised inside a running task by a step whose fenced write matched nothing: this attempt
+    lost its task (it was recovered elsewhere while this process was frozen or cut off), so
+    its step was not stored and its code must stop (docs/durable-steps.md).
+
+    A BaseException, like TaskCancelledError, so that an ``except Exception`` in the task's
+    code does not carry a zombie attempt on; its outcome will not be recorded either.
+    """

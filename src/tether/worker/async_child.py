@@ -35,6 +35,7 @@ from tether.worker.child import ParentGuard, begin_child, running_task
 from tether.worker.execute import Executor, internal_failure
 from tether.worker.progress_reports import ProgressWriter
 from tether.worker.recorder import Recorder
+from tether.worker.step_writes import StepWriter
 
 log = logging.getLogger("tether.worker.async_child")
 
@@ -58,10 +59,13 @@ def async_child_main(
     # Progress reports on a connection of their own: a report that waits (a lost
     # connection, a row held by another session) holds up no start or outcome.
     progress = ProgressWriter(Recorder(url, worker_id, app.config, role="child-progress"))
-    child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency)
+    # Steps on a connection of their own too (worker/step_writes.py), opened at the first step.
+    steps = StepWriter(Recorder(url, worker_id, app.config, role="child-steps"))
+    child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency, steps)
     try:
         asyncio.run(child.serve())
     finally:
+        steps.close()
         progress.close()
         recorder.close()
 
@@ -77,8 +81,10 @@ class AsyncChild:
         stamps: Any,
         index: int,
         concurrency: int,
+        steps: StepWriter,
     ) -> None:
         self.conn = conn
+        self.steps = steps
         self.executor = executor
         self.recorder = recorder
         self.progress = progress
@@ -185,7 +191,9 @@ class AsyncChild:
 
     async def _run(self, payload: TaskPayload) -> None:
         # Each asyncio task has its own context: these are seen by this task's code only.
-        set_current_task_in_context(running_task(payload, self.recorder.worker_id))
+        set_current_task_in_context(
+            running_task(payload, self.recorder.worker_id, self.steps.for_task(payload))
+        )
         progress = self.progress.for_task(payload)
         set_reporter_in_context(progress)
         began = time.monotonic()

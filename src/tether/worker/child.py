@@ -26,12 +26,14 @@ from tether.current import RunningTask, set_cancel_probe, set_current_task
 from tether.log_fields import about_task, set_worker
 from tether.log_setup import LogSetup
 from tether.progress import set_reporter
+from tether.steps import StepBook, StepStore
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
 from tether.worker.progress_reports import WaitingReporter
 from tether.worker.recorder import Recorder
 from tether.worker.start_method import leave_fork_server
+from tether.worker.step_writes import ChildSteps
 
 log = logging.getLogger("tether.worker.child")
 
@@ -173,7 +175,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
                 current = None
                 continue
         set_reporter(WaitingReporter(recorder, current))
-        set_current_task(running_task(current, recorder.worker_id))
+        set_current_task(running_task(current, recorder.worker_id, ChildSteps(recorder, current)))
         began = time.monotonic()
         try:
             outcome = executor.run(current)
@@ -219,8 +221,12 @@ def _on_cancel_board(cancels: Any, index: int, task_id: str) -> bool:
     return bytes(cancels[index * size : (index + 1) * size]) == uuid.UUID(task_id).bytes
 
 
-def running_task(task: TaskPayload, worker_id: str) -> RunningTask:
-    """What tether.current_task() tells the task's code about this run."""
+def running_task(task: TaskPayload, worker_id: str, steps: StepStore | None = None) -> RunningTask:
+    """What tether.current_task() tells the task's code about this run; ``steps``: where this
+    attempt's checkpointed steps are read and written (a fresh book per attempt)."""
+    book = None
+    if steps is not None:
+        book = StepBook(steps, f"task {task.id} ({task.name}) attempt {task.attempt}")
     return RunningTask(
         id=uuid.UUID(task.id),
         name=task.name,
@@ -228,6 +234,7 @@ def running_task(task: TaskPayload, worker_id: str) -> RunningTask:
         attempt=task.attempt,
         retry_count=task.retry_count,
         worker_id=worker_id,
+        _steps=book,
     )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether import outcomes
-from tether.broker import claims, heartbeats
+from tether.broker import claims, heartbeats, steps
 from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
 from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
@@ -366,6 +366,53 @@ class Recorder:
             lambda c: heartbeats.report_progress(c, task.id, task.attempt, self.worker_id, progress),
         )
         return reported
+
+    def load_steps(self, task: TaskPayload) -> dict[steps.StepKey, str]:
+        """The steps of ``task`` stored by earlier attempts (read once per attempt)."""
+        done, _ = self._with_retry(
+            f"reading the steps of task {task.id}", lambda c: steps.load_steps(c, task.id)
+        )
+        return done
+
+    def write_step(self, task: TaskPayload, name: str, occurrence: int, result: str) -> str | None:
+        """Store one completed step of ``task`` (fenced); the stored JSON text, or None when this
+        attempt lost the task (nothing was written, a WARNING says so)."""
+        written, _ = self._with_retry(
+            f"recording step {name!r} of task {task.id}",
+            lambda c: steps.write_step(
+                c,
+                task_id=task.id,
+                attempt=task.attempt,
+                worker_id=self.worker_id,
+                name=name,
+                occurrence=occurrence,
+                result=result,
+            ),
+        )
+        if not written.held:
+            self._explain_miss(task, f"record step {name!r}", False, settled=TaskStatus.RUNNING)
+            return None
+        # Held but nothing inserted: a retry after a connection lost around our own COMMIT
+        # found the row it wrote (no other attempt can write while this one holds the task).
+        return written.stored if written.stored is not None else result
+
+    def write_steps(self, writes: Sequence[tuple[TaskPayload, str, int, str]]) -> list[str | None]:
+        """write_step for many steps (task, name, occurrence, result) in one statement; the answer
+        of each, in order."""
+        rows = [steps.StepToWrite(t.id, t.attempt, name, occ, result) for t, name, occ, result in writes]
+        done, _ = self._with_retry(
+            f"recording {len(rows)} step(s)",
+            lambda c: steps.write_steps(c, worker_id=self.worker_id, steps=rows),
+        )
+        answers: list[str | None] = []
+        for task, name, occurrence, result in writes:
+            key = (task.id, name, occurrence)
+            if key not in done:
+                self._explain_miss(task, f"record step {name!r}", False, settled=TaskStatus.RUNNING)
+                answers.append(None)
+            else:  # None: our own row, found by a retry after a lost COMMIT (see write_step)
+                answers.append(done[key] or result)
+        return answers
 
     def _explain_miss(
         self, task: TaskPayload, action: str, retried: bool, *, settled: TaskStatus
