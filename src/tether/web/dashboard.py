@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -96,6 +97,17 @@ class DashboardServer(ThreadingHTTPServer):
         if charts_ is not None:
             charts_.stop()
         super().server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """An error while answering a request: through the dashboard's log (so in its format,
+        JSON too), not socketserver's traceback printed to stderr. A client that went away
+        before its answer was written (a closed tab, a test reading only the status) is
+        no error of the dashboard's: a DEBUG line."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            log.debug("dashboard: %s went away before its answer was written", client_address[0])
+            return
+        log.error("dashboard: error answering %s", client_address[0], exc_info=error)
 
     def status_json(self) -> bytes:
         """The snapshot as JSON, read afresh unless one younger than SNAPSHOT_MAX_AGE_S exists."""
