@@ -194,6 +194,9 @@ class _Run:
         self.propagator = TraceContextTextMapPropagator()
         self.non_recording = NonRecordingSpan
         self._span_context, self._flags, self._state = SpanContext, TraceFlags, TraceState
+        # The two flags a traceparent carries today (sampled or not), made once: a run pays
+        # for its span context, not for a TraceFlags per run.
+        self._flags_of = {0: TraceFlags(0), 1: TraceFlags(1)}
 
     def remote(self, stored: str) -> SpanContext | None:
         """The send's span context from the stored traceparent ("00-<32 hex>-<16 hex>-<2 hex>",
@@ -211,7 +214,7 @@ class _Run:
             trace_id,
             span_id,
             is_remote=True,
-            trace_flags=self._flags(flags),
+            trace_flags=self._flags_of.get(flags) or self._flags(flags),
             trace_state=self._state.from_header([state]) if state else None,
         )
 
@@ -229,13 +232,15 @@ def _start_consumer(payload: TaskPayload) -> tuple[Span, object]:
     if stored:
         sent = run.remote(stored)
         if sent is not None:
-            sent_in = run.in_context(run.non_recording(sent))
+            sent_span = run.non_recording(sent)
+            sent_in = run.in_context(sent_span)
             if not sent.trace_flags.sampled:
                 # Its send was not sampled: the run is not recorded either (what ParentBased,
                 # the SDK's default sampler, decides), without asking the SDK: its sampling
-                # and span objects cost an unsampled run about 10 us of the 14.
-                unrecorded: Span = run.non_recording(sent)
-                return unrecorded, run.attach(sent_in)
+                # and span objects cost an unsampled run about 10 us of the 14. The send's
+                # context is still made current, so what the run sends or calls follows
+                # the same decision.
+                return sent_span, run.attach(sent_in)
             links = [run.link(sent)]
     span = run.tracer.start_span(
         "process " + payload.queue,
@@ -261,6 +266,8 @@ def _end_consumer(span: Span, token: object, outcome: Outcome) -> None:
     run = _run
     assert run is not None
     run.detach(token)  # type: ignore[arg-type]
+    if not span.is_recording():  # an unsampled run: nothing to set or end
+        return
     settles = outcome.settles_as.value
     span.set_attribute("tether.task.outcome", _OUTCOME_OF.get(settles, settles.lower()))
     if outcome.error_code:

@@ -99,3 +99,11 @@ def double(n: int) -> TaskResult[int, TaskError]:
 def linger(seconds: float) -> TaskResult[float, TaskError]:
     time.sleep(seconds)
     return TaskResult(ok=seconds)
+
+
+@app.task("relay")
+def relay(n: int) -> TaskResult[str, TaskError]:
+    """Sends ``double(n)`` from inside its run (in a span of its own); returns its task id."""
+    with trace.get_tracer("tests").start_as_current_span("inside relay"):
+        handle = double.send(n)
+    return TaskResult(ok=str(handle.id))

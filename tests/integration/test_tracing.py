@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -153,6 +154,43 @@ def test_the_steps_of_a_workflow_run_in_the_trace_of_its_start(
         message="both steps' consumer spans",
     )
     assert all(r["trace_id"] == trace_id and r["parent_id"] == span_id for r in runs), runs
+
+
+def test_a_run_whose_send_was_not_sampled_records_nothing_and_what_it_sends_follows_that_decision(
+    traced: ModuleType,
+    db: psycopg.Connection[Any],
+    workers: WorkerFactory,
+    spans: InMemorySpanExporter,
+    tmp_path: Path,
+) -> None:
+    """The unsampled run skips the SDK (tracing.py) but must still make its send's context
+    current: a task it sends carries the same trace, unsampled, instead of a new root trace
+    that the worker's sampler would decide again."""
+    spans_file = tmp_path / "worker-spans.jsonl"
+    workers.start(APP, "--processes", "1", env={"TETHER_TEST_SPANS_FILE": str(spans_file)})
+    request_trace = 0x0AF7651916CD43DD8448EB211C80319C
+    not_sampled = trace.NonRecordingSpan(
+        trace.SpanContext(request_trace, 0x00F067AA0BA902B7, is_remote=True, trace_flags=trace.TraceFlags(0))
+    )
+    token = otel_context.attach(trace.set_span_in_context(not_sampled))
+    try:
+        handle = traced.relay.send(21)
+    finally:
+        otel_context.detach(token)
+    sent_id = handle.get(timeout=WAIT).ok
+    assert traced.app.handle(sent_id).get(timeout=WAIT).ok == 42
+    rows = db.execute(
+        "SELECT id::text AS id, trace_context FROM tether_tasks WHERE id = ANY(%s::uuid[])",
+        ([str(handle.id), sent_id],),
+    ).fetchall()
+    stored = {row["id"]: row["trace_context"] for row in rows}
+    for task_id in (str(handle.id), sent_id):
+        version, trace_id, _span_id, flags = stored[task_id].split("-")
+        assert (version, trace_id, flags) == ("00", f"{request_trace:032x}", "00"), stored
+    # The worker's SDK samples every root trace: only the second task's run, in the same
+    # unsampled trace, would have shown a span had the decision not been followed.
+    assert spans.get_finished_spans() == ()
+    assert worker_spans(spans_file) == []
 
 
 @pytest.mark.timing
