@@ -193,6 +193,36 @@ def test_a_cancelled_task_keeps_its_steps_and_a_retry_resumes_after_them(
     ]
 
 
+def test_a_workflow_step_retried_from_scratch_runs_its_task_steps_again(
+    steps: ModuleType, db: Conn, workers: WorkerFactory
+) -> None:
+    """A workflow node whose task records two steps, then fails: its workflow fails; retried
+    by hand it reopens, and its task resumes after its steps (or runs them again)."""
+    workers.start(APP, *SYNC_ONLY)
+    flows = []
+    for _ in range(2):
+        tok = token()
+        flow = steps.app.workflow(
+            "steps-node", [steps.steps_then_fail.node(args=(tok,), name="only")]
+        ).start()
+        ended_as = flow.get(timeout=WAIT)
+        assert ended_as.err is not None and ended_as.err.code == "WORKFLOW_FAILED", ended_as
+        flows.append((flow, tok))
+    (kept, kept_tok), (scratch, scratch_tok) = flows
+
+    answer = kept.task("only").retry(by="test")
+    assert answer.retried and answer.reason.startswith("retried: PENDING as a new attempt; step 'only'")
+    answer = scratch.task("only").retry(by="test", from_scratch=True)
+    assert answer.retried and answer.reason.startswith(
+        "retried from scratch: PENDING as a new attempt, its recorded steps deleted; step 'only'"
+    ), answer.reason
+    for flow, _ in flows:
+        result = flow.get(timeout=WAIT)
+        assert result.is_ok and result.ok == {"one": 1, "wide": 1000}, result
+    assert counts(db, kept_tok) == [1, 1, 2]
+    assert counts(db, scratch_tok) == [2, 2, 2]
+
+
 # -- the dashboard ----------------------------------------------------------------------------
 
 
