@@ -131,6 +131,8 @@ def test_a_retry_keeps_the_steps_and_one_from_scratch_deletes_them_with_the_requ
     # Bad input names the argument and changes nothing.
     with pytest.raises(InvalidOptionError, match="from_scratch must be a bool, got 'yes'"):
         scratch.retry(from_scratch="yes")
+    with pytest.raises(InvalidOptionError, match="from_scratch must be a bool, got None"):
+        asyncio.run(scratch.retry_async(from_scratch=None))
     with pytest.raises(InvalidOptionError, match="from_scratch must be a bool, got 1"):
         steps.app.retry_tasks(RetryFilter(), from_scratch=1)
     assert task_row(db, scratch.id)["status"] == "FAILED" and step_rows(db, scratch.id) == 2
@@ -268,6 +270,8 @@ def test_the_dashboard_lists_the_steps_and_retries_from_scratch(
         code, answer = call(
             server, "api/actions/retry-task", {"task_id": str(handle.id), "from_scratch": "yes"}, secret
         )
+        assert (code, answer) == (400, {"error": "from_scratch must be true or false"})
+        code, answer = call(server, "api/actions/retry-tasks", {"dry_run": False, "from_scratch": 1}, secret)
         assert (code, answer) == (400, {"error": "from_scratch must be true or false"})
         assert task_row(db, handle.id)["status"] == "FAILED" and step_rows(db, handle.id) == 2
 
