@@ -11,7 +11,7 @@ from tether.config import (
     WorkerConfig,
 )
 from tether.current import RunningTask, current_task
-from tether.handle import AttemptInfo, TaskHandle, TaskInfo
+from tether.handle import AttemptInfo, TaskHandle, TaskInfo, TaskStepInfo
 from tether.limits import QueueLimits
 from tether.progress import report_progress, report_progress_async
 from tether.queue_control import QueueInfo
@@ -57,6 +57,7 @@ __all__ = [
     "TaskInfo",
     "TaskResult",
     "TaskStatus",
+    "TaskStepInfo",
     "Tether",
     "WorkerConfig",
     "Workflow",

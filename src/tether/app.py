@@ -266,11 +266,15 @@ class Tether:
         by: str | None = None,
         dry_run: bool = False,
         sample_size: int = 10,
+        from_scratch: bool = False,
     ) -> BulkRetry:
         """Retry every FAILED, CANCELLED or EXPIRED task (all apps) ``filter`` matches, in
         batches (docs/tasks.md#retrying-by-hand); ``dry_run``: count and sample, change nothing.
+        Each keeps its recorded steps (it resumes after them) unless ``from_scratch``.
         ``by``: who asks (logged). One task: ``app.handle(id).retry()``."""
-        return retry_tasks(self.broker, filter, by=by, dry_run=dry_run, sample_size=sample_size)
+        return retry_tasks(
+            self.broker, filter, by=by, dry_run=dry_run, sample_size=sample_size, from_scratch=from_scratch
+        )
 
     def check_options(self, task_name: str, options: SendOptions) -> SendOptions:
         """Validate send options; the error says which option and why."""

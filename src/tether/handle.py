@@ -12,6 +12,7 @@ from tether.broker import tasks
 # Public as tether.AttemptInfo and tether.TaskInfo (and importable from here, as always).
 from tether.broker.rows import AttemptInfo as AttemptInfo
 from tether.broker.rows import TaskInfo as TaskInfo
+from tether.broker.rows import TaskStepInfo as TaskStepInfo
 from tether.broker.rows import result_from_row
 from tether.cancelling import CancelReply
 from tether.errors import TaskNotFoundError
@@ -59,6 +60,9 @@ class TaskHandle(Generic[T]):
         return _status(self.id, await in_thread(self._get_status))
 
     def info(self) -> TaskInfo:
+        """The task's row, its finished attempts and its recorded steps (``info.steps``: name,
+        occurrence, attempt, when, size; docs/durable-steps.md#seeing-the-steps). Raises
+        TaskNotFoundError for an unknown id."""
         info = self.app.broker.run(lambda conn: tasks.get_task(conn, self.id))
         if info is None:
             raise _not_found(self.id)
@@ -84,19 +88,22 @@ class TaskHandle(Generic[T]):
     async def cancel_async(self, *, by: str | None = None) -> CancelReply:
         return await in_thread(lambda: self.cancel(by=by))
 
-    def retry(self, *, by: str | None = None) -> RetryAnswer:
+    def retry(self, *, by: str | None = None, from_scratch: bool = False) -> RetryAnswer:
         """Run a FAILED, CANCELLED or EXPIRED task again (docs/tasks.md#retrying-by-hand).
 
         It becomes PENDING, due now, as a new attempt, with its retry policy's whole budget
-        again; its earlier attempts stay in its history. Any other status changes nothing:
+        again; its earlier attempts stay in its history. It keeps its recorded steps, so the
+        new attempt resumes after the last one; ``from_scratch=True`` deletes them in the
+        same transaction and every step runs again
+        (docs/durable-steps.md#retrying-from-the-last-step). Any other status changes nothing:
         ``retried`` is False and ``reason`` says why. A workflow step reopens its workflow
         where the rules allow (docs/workflows.md#retrying-a-step). ``by``: who asks (logged).
         Raises TaskNotFoundError for an unknown id.
         """
-        return retry_task(self.app.broker, self.id, by=by)
+        return retry_task(self.app.broker, self.id, by=by, from_scratch=from_scratch)
 
-    async def retry_async(self, *, by: str | None = None) -> RetryAnswer:
-        return await in_thread(lambda: self.retry(by=by))
+    async def retry_async(self, *, by: str | None = None, from_scratch: bool = False) -> RetryAnswer:
+        return await in_thread(lambda: self.retry(by=by, from_scratch=from_scratch))
 
     # -- waiting -------------------------------------------------------------
 

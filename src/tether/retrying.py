@@ -3,6 +3,9 @@
 A retried task becomes PENDING again, due now, as a new attempt of the same task (same
 id, arguments and options): the next claim gives it the next attempt number, and every
 earlier attempt stays in its history. Its retry policy starts over (``retry_count`` 0).
+It keeps the checkpointed steps it recorded, so its next attempt resumes after the last one;
+``from_scratch=True`` deletes them in the transaction that requeues it, and every step runs
+again (docs/durable-steps.md#retrying-from-the-last-step).
 A workflow step is retried under its workflow's rules (tether.workflow.reopen). See
 docs/tasks.md#retrying-by-hand and docs/workflows.md#retrying-a-step.
 
@@ -38,6 +41,7 @@ log = logging.getLogger("tether.retry")
 BATCH = 1000
 MAX_SAMPLE = 1000
 _RETRIED = "retried: PENDING as a new attempt"
+_FROM_SCRATCH = "retried from scratch: PENDING as a new attempt, its recorded steps deleted"
 
 
 @dataclass(frozen=True)
@@ -96,31 +100,38 @@ class BulkRetry:
 # -- one task -----------------------------------------------------------------------------------
 
 
-def retry_task(broker: PostgresBroker, task_id: uuid.UUID | str, *, by: str | None = None) -> RetryAnswer:
+def retry_task(
+    broker: PostgresBroker, task_id: uuid.UUID | str, *, by: str | None = None, from_scratch: bool = False
+) -> RetryAnswer:
     """Retry one FAILED, CANCELLED or EXPIRED task; any other status changes nothing.
 
-    ``by`` says who asked (logged). Raises TaskNotFoundError for an unknown id.
+    It keeps its recorded steps (the new attempt resumes after the last one) unless
+    ``from_scratch``: then they are deleted with the requeue, in one transaction. ``by``
+    says who asked (logged). Raises TaskNotFoundError for an unknown id.
     """
     tid = parse_task_id(task_id)
     check_by(by)
+    _check_from_scratch(from_scratch)
     found = broker.run(lambda conn: retries.task_to_retry(conn, tid))
     if found is None:
         raise _not_found(tid)
     workflow_id = found.workflow_id
     if workflow_id is not None:
-        answer = broker.run_request(lambda conn: _retry_step(conn, tid, workflow_id), RETRY_ANSWER)
+        answer = broker.run_request(
+            lambda conn: _retry_step(conn, tid, workflow_id, from_scratch), RETRY_ANSWER
+        )
     else:
-        answer = broker.run_request(lambda conn: _retry_plain(conn, found), RETRY_ANSWER)
+        answer = broker.run_request(lambda conn: _retry_plain(conn, found, from_scratch), RETRY_ANSWER)
     _log_one(answer, by)
     return answer
 
 
-def _retry_plain(conn: Conn, task: TaskToRetry) -> RetryAnswer:
+def _retry_plain(conn: Conn, task: TaskToRetry, from_scratch: bool) -> RetryAnswer:
     if task.status not in RETRYABLE:
         return _wrong_status(task.id, task.status)
-    (row,) = retries.retry_tasks(conn, [task.id]) or (None,)
+    (row,) = retries.retry_tasks(conn, [task.id], from_scratch=from_scratch) or (None,)
     if row is not None and row.retried:
-        return RetryAnswer(task.id, True, TaskStatus.PENDING, _RETRIED)
+        return RetryAnswer(task.id, True, TaskStatus.PENDING, _retried(from_scratch))
     if row is not None and row.holder is not None:
         return RetryAnswer(task.id, False, task.status, _key_held(task.unique_key, row.holder))
     # Its status changed since it was read (another retry won the race).
@@ -130,7 +141,7 @@ def _retry_plain(conn: Conn, task: TaskToRetry) -> RetryAnswer:
     return _wrong_status(task.id, now.status)
 
 
-def _retry_step(conn: Conn, task_id: uuid.UUID, workflow_id: uuid.UUID) -> RetryAnswer:
+def _retry_step(conn: Conn, task_id: uuid.UUID, workflow_id: uuid.UUID, from_scratch: bool) -> RetryAnswer:
     """A workflow step's retry: one transaction, the workflow's row locked first."""
     with conn.transaction():
         wf = workflows.lock_workflow(conn, workflow_id)
@@ -161,7 +172,8 @@ def _retry_step(conn: Conn, task_id: uuid.UUID, workflow_id: uuid.UUID) -> Retry
         planned = reopen.plan(conn, workflow_id, step)
         if isinstance(planned, reopen.Refusal):
             return refused(planned.reason, wf.status)
-        (row,) = retries.retry_tasks(conn, [task_id], workflow_id=workflow_id) or (None,)
+        rows = retries.retry_tasks(conn, [task_id], workflow_id=workflow_id, from_scratch=from_scratch)
+        (row,) = rows or (None,)
         if row is None or not row.retried:
             # Nothing written but the key row's no-op update (retries.sql).
             if row is not None and row.holder is not None:
@@ -170,10 +182,11 @@ def _retry_step(conn: Conn, task_id: uuid.UUID, workflow_id: uuid.UUID) -> Retry
             return refused("its status changed meanwhile", wf.status)
         after = reopen.apply(conn, workflow_id, planned) or wf.status
     if not planned.settled:
-        how = f"{_RETRIED} (its workflow {workflow_id} had not taken the outcome yet)"
+        how = f"{_retried(from_scratch)} (its workflow {workflow_id} had not taken the outcome yet)"
     else:
         how = (
-            f"{_RETRIED}; step {step.node_name!r} is ENQUEUED again and its workflow {workflow_id} is {after}"
+            f"{_retried(from_scratch)}; step {step.node_name!r} is ENQUEUED again and its "
+            f"workflow {workflow_id} is {after}"
         )
         if planned.unskipped:
             how += f"; skipped step(s) waiting again: {', '.join(planned.unskipped)}"
@@ -190,15 +203,18 @@ def retry_tasks(
     by: str | None = None,
     dry_run: bool = False,
     sample_size: int = 10,
+    from_scratch: bool = False,
 ) -> BulkRetry:
     """Retry every task ``filter`` matches, in batches of BATCH tasks (one statement and one
     transaction each, in id order); workflow steps one by one, by their workflow's rules.
 
-    ``dry_run``: count what matches and return a sample; change nothing. Bad arguments
-    raise InvalidOptionError before anything is read.
+    ``dry_run``: count what matches and return a sample; change nothing. ``from_scratch``:
+    delete each retried task's recorded steps with its requeue (else it resumes after them).
+    Bad arguments raise InvalidOptionError before anything is read.
     """
     wanted = _check_filter(filter)
     check_by(by)
+    _check_from_scratch(from_scratch)
     if not isinstance(dry_run, bool):
         raise InvalidOptionError(f"dry_run must be a bool, got {dry_run!r}")
     if (
@@ -229,17 +245,20 @@ def retry_tasks(
         plain = [c for c in page if c.workflow_id is None]
         if plain:
             ids = [c.id for c in plain]
-            batch = partial(retries.retry_tasks, task_ids=ids, statuses=criteria.statuses)
+            batch = partial(
+                retries.retry_tasks, task_ids=ids, statuses=criteria.statuses, from_scratch=from_scratch
+            )
             rows = broker.run_request(batch, RETRIED_ANSWER)
             done.plain(plain, {r.id: r for r in rows})
         for c in page:
             if c.workflow_id is not None:
-                done.step(_bulk_step(broker, c))
+                done.step(_bulk_step(broker, c, from_scratch))
         after = page[-1].id
         if len(page) < BATCH:
             break
     log.info(
-        "bulk retry asked by %s: %d task(s) matched %s, %d retried, %d skipped",
+        "bulk retry%s asked by %s: %d task(s) matched %s, %d retried, %d skipped",
+        " from scratch" if from_scratch else "",
         by or "unknown",
         done.matched,
         _shown(wanted),
@@ -249,11 +268,13 @@ def retry_tasks(
     return BulkRetry(done.matched, done.retried, done.skipped, False, done.sample, done.skips)
 
 
-def _bulk_step(broker: PostgresBroker, c: RetrySample) -> RetryAnswer:
+def _bulk_step(broker: PostgresBroker, c: RetrySample, from_scratch: bool) -> RetryAnswer:
     assert c.workflow_id is not None
     workflow_id = c.workflow_id
     try:
-        return broker.run_request(lambda conn: _retry_step(conn, c.id, workflow_id), RETRY_ANSWER)
+        return broker.run_request(
+            lambda conn: _retry_step(conn, c.id, workflow_id, from_scratch), RETRY_ANSWER
+        )
     except TaskNotFoundError:
         return RetryAnswer(c.id, False, c.status, "not retried: it was deleted meanwhile")
 
@@ -297,6 +318,15 @@ class _Progress:
 
 
 # -- checks, words, logs -------------------------------------------------------------------------
+
+
+def _check_from_scratch(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidOptionError(f"from_scratch must be a bool, got {value!r}")
+
+
+def _retried(from_scratch: bool) -> str:
+    return _FROM_SCRATCH if from_scratch else _RETRIED
 
 
 def _check_filter(value: Any) -> RetryFilter:

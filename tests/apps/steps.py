@@ -145,3 +145,22 @@ def node_with_steps(value: int, token: str) -> TaskResult[int, TaskError]:
     """A workflow node whose task checkpoints a step."""
     doubled: int = running().step("double", mark, token, "double", value * 2)
     return TaskResult(ok=doubled + 1)
+
+
+@app.task("steps_then_fail")
+def steps_then_fail(token: str) -> TaskResult[dict[str, Any], TaskError]:
+    """Two steps (the second's result 1,000 é: 2,002 bytes of JSON, 1,002 characters), then
+    an error on the first attempt to get there (no retry policy: FAILED); a retry by hand
+    completes."""
+    task = running()
+    one = task.step("one", mark, token, "one", 1)
+    wide = task.step("wide", mark, token, "wide", "é" * 1000)
+    if ledger(f"{token}:end") == 1:
+        return TaskResult(err=TaskError("ONCE", "fails the first time it gets here"))
+    return TaskResult(ok={"one": one, "wide": len(wide)})
+
+
+@app.task("three_steps_cancellable", cancel_grace=0.5)
+def three_steps_cancellable(token: str, hold_in_two_s: float = 0.0) -> TaskResult[dict[str, Any], TaskError]:
+    """three_steps, killed 0.5 s after a cancel its code does not hear (it sleeps in step 2)."""
+    return three(token, hold_in_two_s)

@@ -1,5 +1,6 @@
 """The app the dashboard's browser tests run: tasks that finish, fail, crash with a traceback,
-fail once and then work, run until cancelled, and kill the child running them."""
+fail once and then work (one of them after two checkpointed steps), run until cancelled, and
+kill the child running them."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def fails_once(label: str) -> TaskResult[str, TaskError]:
     """Fails on its first attempt; any later attempt (a retry by hand) completes."""
     me = current_task()
     assert me is not None
+    if me.attempt <= 1:
+        return TaskResult(err=TaskError("NOT_YET", f"{label}: the first attempt always fails"))
+    return TaskResult(ok=f"{label} worked on attempt {me.attempt}")
+
+
+@app.task("ui.steps_fail_once")
+def steps_fail_once(label: str) -> TaskResult[str, TaskError]:
+    """Two checkpointed steps, then fails on its first attempt; a retry by hand completes."""
+    me = current_task()
+    assert me is not None
+    me.step("fetch", lambda: {"label": label, "rows": list(range(10))})
+    me.step("total", lambda: 45)
     if me.attempt <= 1:
         return TaskResult(err=TaskError("NOT_YET", f"{label}: the first attempt always fails"))
     return TaskResult(ok=f"{label} worked on attempt {me.attempt}")

@@ -1,9 +1,10 @@
 """The dashboard's actions, clicked in a real browser against real workers: cancel a running
-task, retry a failed one (and a batch by filter), pause and resume a queue, recover the task
-of a killed worker."""
+task, retry a failed one (from its last recorded step, or from scratch; and a batch by
+filter), pause and resume a queue, recover the task of a killed worker."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from types import ModuleType
@@ -85,6 +86,43 @@ def test_retry_a_failed_task_and_see_it_complete(
     assert f"dashboard action retry-task on task {handle.id} from 127.0.0.1: task {handle.id} retried" in (
         dashboard.log()
     )
+
+
+def test_a_task_page_lists_its_steps_and_retries_it_from_scratch(
+    ui: ModuleType, workers: WorkerFactory, dashboard: DashboardProcess, page: Page
+) -> None:
+    workers.start(APP, "--queues", "default", "--processes", "1")
+    handle = ui.steps_fail_once.send("sums")
+    assert handle.get(timeout=WAIT).err.code == "NOT_YET"
+    first = handle.info().attempts[0].attempt
+
+    page.goto(f"{dashboard.url}#/task/{handle.id}")
+    expect(status_cell(page)).to_contain_text("FAILED")
+    steps = page.locator("#steps tbody tr")
+    expect(steps).to_have_count(2)
+    # name, occurrence, attempt, when, bytes of the result's JSON as stored (jsonb's text)
+    size = len('{"rows": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], "label": "sums"}')
+    expect(steps.nth(0).locator("td")).to_have_text(
+        ["fetch", "0", str(first), re.compile(r"\d{4}-"), str(size)]
+    )
+    expect(steps.nth(1).locator("td")).to_have_text(["total", "0", str(first), re.compile(r"\d{4}-"), "2"])
+    expect(page.locator("#retry-from-scratch")).to_have_count(0)  # actions need the token
+    unlock(page)
+    expect(page.locator("#retry-task")).to_have_attribute("title", "resumes after its 2 recorded step(s)")
+    page.click("#retry-from-scratch")
+    expect(page.locator(".confirm")).to_contain_text(
+        "Delete its 2 recorded step(s) and run every step again?"
+    )
+    page.click("text=Yes, from scratch")
+    expect(page.locator("#flash")).to_contain_text(f"task {handle.id} retried from scratch")
+    expect(status_cell(page)).to_contain_text("COMPLETED")
+    second = handle.info().attempt
+    assert second > first
+    # Both steps ran again in the new attempt: their records were deleted with the retry.
+    expect(steps.nth(0).locator("td").nth(2)).to_have_text(str(second))
+    expect(steps.nth(1).locator("td").nth(2)).to_have_text(str(second))
+    assert [(s.name, s.attempt) for s in handle.info().steps] == [("fetch", second), ("total", second)]
+    expect(page.locator("#task-actions button")).to_have_count(0)
 
 
 def test_retry_every_failed_task_a_filter_matches_after_a_dry_run(

@@ -93,6 +93,40 @@ def test_a_pass_deletes_in_batches_exactly_the_rows_past_retention(
     assert "35 heartbeats, 23 tasks in 11 batch(es)" in logged(caplog)
 
 
+def steps(db: Conn, ids: list[Any], per_task: int) -> None:
+    """``per_task`` recorded steps for each task (as a running attempt writes them)."""
+    db.execute(
+        "INSERT INTO tether_task_steps (task_id, name, occurrence, result, attempt)"
+        " SELECT t, 'step', g, to_jsonb(g), 1 FROM unnest(%s::uuid[]) t, generate_series(0, %s - 1) g",
+        (ids, per_task),
+    )
+
+
+def steps_of(db: Conn, ids: list[Any]) -> int:
+    return count(db, "SELECT count(*) AS n FROM tether_task_steps WHERE task_id = ANY(%s)", ids)
+
+
+def test_a_pruned_task_takes_its_recorded_steps_with_it(db: Conn) -> None:
+    """Checkpointed steps go with their task (their foreign key cascades): none is left
+    behind by retention, and the steps of the tasks it keeps stay."""
+    finished = tasks(db, 12, "FAILED", 721)
+    pending = tasks(db, 2, "PENDING", 721)  # not finished: kept, and a retry would need its steps
+    recent = tasks(db, 3, "COMPLETED", 719)
+    for ids in (finished, pending, recent):
+        steps(db, ids, 3)
+    assert steps_of(db, finished) == 36
+
+    assert Retention(CONFIG, batch=5, budget_s=60, clock=Clock()).run(db) == {"tasks": 12}
+    assert steps_of(db, finished) == 0
+    assert steps_of(db, pending) == 6 and steps_of(db, recent) == 9
+    orphans = count(
+        db,
+        "SELECT count(*) AS n FROM tether_task_steps s"
+        " WHERE NOT EXISTS (SELECT 1 FROM tether_tasks t WHERE t.id = s.task_id)",
+    )
+    assert orphans == 0
+
+
 def test_a_pass_out_of_budget_leaves_the_rest_for_the_next_and_says_it_is_behind(db: Conn) -> None:
     heartbeats(db, 25, 25)
     clock = Clock()

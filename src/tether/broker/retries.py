@@ -100,14 +100,22 @@ def retry_tasks(
     *,
     statuses: Sequence[TaskStatus] = RETRYABLE,
     workflow_id: uuid.UUID | None = None,
+    from_scratch: bool = False,
 ) -> list[Retried]:
     """Put the tasks of ``task_ids`` still in one of ``statuses`` back to PENDING (retries.sql).
 
     Plain tasks when ``workflow_id`` is None; else steps of that workflow, whose row the
-    caller has locked in this transaction. Returns one row per task found in one of
-    ``statuses`` (in no particular order); tasks in another status are not in the answer.
+    caller has locked in this transaction. The retried tasks keep their recorded steps
+    (their next attempt resumes after them), unless ``from_scratch``: then the same
+    statement deletes them. Returns one row per task found in one of ``statuses`` (in no
+    particular order); tasks in another status are not in the answer.
     """
-    params = {"ids": list(task_ids), "statuses": list(statuses), "workflow_id": workflow_id}
+    params = {
+        "ids": list(task_ids),
+        "statuses": list(statuses),
+        "workflow_id": workflow_id,
+        "from_scratch": from_scratch,
+    }
     return [Retried(**row) for row in conn.execute(q("retry_tasks"), params).fetchall()]
 
 

@@ -1,10 +1,11 @@
 """The rows the broker reads that users read too, one type per shape, public under their
 tether names; and the list rows that share their columns (TaskSummary, WorkflowSummary).
 
-``tether.TaskInfo``, ``tether.AttemptInfo``, ``tether.QueueInfo``, ``tether.WorkflowInfo``,
-``tether.StepInfo`` and the bulk retry's ``RetrySample`` are defined here, where the broker
-can build them without importing the handles (which import the broker), and re-exported from
-the modules users import them from (``tether.handle``, ``tether.queue_control``,
+``tether.TaskInfo``, ``tether.AttemptInfo``, ``tether.TaskStepInfo`` (a checkpointed step of a
+task), ``tether.QueueInfo``, ``tether.WorkflowInfo``, ``tether.StepInfo`` (a workflow's step)
+and the bulk retry's ``RetrySample`` are defined here, where the broker can build them
+without importing the handles (which import the broker), and re-exported from the modules
+users import them from (``tether.handle``, ``tether.queue_control``,
 ``tether.workflow.handle``, ``tether.retrying``). The broker's statements return them
 directly: no second class copies their fields.
 
@@ -56,6 +57,20 @@ class AttemptInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskStepInfo:
+    """One checkpointed step a task recorded (tether_task_steps, docs/durable-steps.md): its
+    name, which call of that name it was (``occurrence``, 0 for the first), the attempt that
+    ran it and when its record was written, and ``size``, the bytes of its result's JSON as
+    stored (the result itself is not read: it can be up to 1 MiB)."""
+
+    name: str
+    occurrence: int
+    attempt: int
+    written_at: datetime
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class TaskCore:
     """The columns every task row starts with: the task, where it stands, who holds it."""
 
@@ -84,7 +99,7 @@ class TaskSummary(TaskCore):
 
 @dataclass(frozen=True, slots=True)
 class TaskInfo(TaskCore):
-    """One task's row, with its attempts. All timestamps are database time.
+    """One task's row, with its attempts and its recorded steps. All timestamps are database time.
 
     ``result`` is the outcome as a TaskResult, None while the task is not terminal. The
     fields after ``cancel_requested_by`` are the row as stored, for the CLI, the dashboard
@@ -118,23 +133,32 @@ class TaskInfo(TaskCore):
     kwargs: Any = None  # the keyword arguments as stored (JSON)
     retry_policy: dict[str, Any] | None = None  # its RetryPolicy as stored (JSON), if any
     stored_result: Any = None  # the result column as stored (JSON)
+    # Its checkpointed steps in the order recorded (docs/durable-steps.md#seeing-the-steps).
+    steps: tuple[TaskStepInfo, ...] = ()
 
     @classmethod
-    def from_row(cls, row: Row, attempts: Sequence[AttemptInfo]) -> TaskInfo:
-        """A get_task row (its result column named stored_result) and the task's attempts."""
+    def from_row(
+        cls, row: Row, attempts: Sequence[AttemptInfo], steps: Sequence[TaskStepInfo] = ()
+    ) -> TaskInfo:
+        """A get_task row (its result column named stored_result), the task's attempts and steps."""
         status = row["status"] = TaskStatus(row["status"])
-        return cls(**row, result=result_from_row(status, row["stored_result"]), attempts=tuple(attempts))
+        return cls(
+            **row,
+            result=result_from_row(status, row["stored_result"]),
+            attempts=tuple(attempts),
+            steps=tuple(steps),
+        )
 
     def as_stored(self) -> dict[str, Any]:
         """The row as stored, for JSON (``tether task --json``, the dashboard's task): every
-        field but ``attempts``, with ``result`` the stored JSON."""
+        field but ``attempts`` and ``steps``, with ``result`` the stored JSON."""
         shown = {name: getattr(self, name) for name in _STORED_FIELDS}
         shown["result"] = self.stored_result
         return shown
 
 
 _STORED_FIELDS = tuple(
-    f.name for f in fields(TaskInfo) if f.name not in ("result", "attempts", "stored_result")
+    f.name for f in fields(TaskInfo) if f.name not in ("result", "attempts", "stored_result", "steps")
 )
 
 
@@ -293,6 +317,7 @@ __all__ = [
     "StepInfo",
     "TaskCore",
     "TaskInfo",
+    "TaskStepInfo",
     "TaskSummary",
     "WorkflowInfo",
     "WorkflowSummary",

@@ -1,4 +1,5 @@
-"""Checkpointed steps of a running task (steps.sql): load them once per attempt, write each one fenced.
+"""Checkpointed steps of a running task (steps.sql): load them once per attempt, write each one
+fenced; and list what a task recorded (``tether task ID``, the dashboard, ``handle.info()``).
 
 A step write names the attempt and the owner like an outcome write (claims.Fence): an
 attempt that lost its task (recovered elsewhere while it was frozen) matches no row and
@@ -8,8 +9,10 @@ adds nothing, and the function says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from uuid import UUID
 
 from tether.broker.queries import q
+from tether.broker.rows import TaskStepInfo
 from tether.broker.types import Conn
 
 #: A stored step: (name, occurrence) -> its result as JSON text.
@@ -76,3 +79,11 @@ def write_steps(
     }
     rows = conn.execute(q("write_steps"), params).fetchall()
     return {(r["task_id"], r["name"], r["occurrence"]): r["stored"] for r in rows}
+
+
+def list_steps(conn: Conn, task_id: UUID | str) -> list[TaskStepInfo]:
+    """The steps the task recorded, in the order recorded: name, occurrence, the attempt that
+    ran it, when, and its result's size in bytes (measured by the database: results are not
+    read). Empty for a task with no steps, or no such task."""
+    rows = conn.execute(q("list_steps"), {"id": task_id}).fetchall()
+    return [TaskStepInfo(**row) for row in rows]

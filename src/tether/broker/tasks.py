@@ -18,6 +18,7 @@ from tether import tracing
 from tether.broker.answers import Answer
 from tether.broker.queries import q
 from tether.broker.rows import AttemptInfo, TaskInfo, with_status
+from tether.broker.steps import list_steps
 from tether.broker.types import AsyncConn, Conn
 from tether.result import TaskStatus
 
@@ -158,11 +159,15 @@ class Heartbeat:
     sent_at: datetime
 
 
-def get_task(conn: Conn, task_id: UUID) -> TaskInfo | None:
-    """The task's row and its finished attempts (two statements: an outcome recorded between
-    them can add an attempt the row does not show yet)."""
+def get_task(conn: Conn, task_id: UUID, *, steps: bool = True) -> TaskInfo | None:
+    """The task's row, its finished attempts and (``steps``) its recorded steps: three
+    statements, so an outcome or a step recorded between them can show in a later list and
+    not yet in the row. ``steps=False``: no steps read (``TaskInfo.steps`` empty)."""
     row = conn.execute(q("get_task"), {"id": task_id}).fetchone()
-    return None if row is None else TaskInfo.from_row(row, get_attempts(conn, task_id))
+    if row is None:
+        return None
+    attempts = get_attempts(conn, task_id)
+    return TaskInfo.from_row(row, attempts, list_steps(conn, task_id) if steps else ())
 
 
 def get_status(conn: Conn, task_id: UUID) -> TaskState | None:

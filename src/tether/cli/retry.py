@@ -91,6 +91,12 @@ def _statuses(given: tuple[str, ...]) -> tuple[str, ...]:
     help="Ended before: 30m, 1h, 2d, 1w ago, or an ISO time with offset.",
 )
 @click.option("--dry-run", is_flag=True, help="Count what matches and show a sample; change nothing.")
+@click.option(
+    "--from-scratch",
+    is_flag=True,
+    help="Delete the tasks' recorded steps with the retry: every step runs again "
+    "(default: the new attempt resumes after the last recorded step).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before a bulk retry (needed off a terminal).")
 @click.option("--sample", type=click.IntRange(0, 1000), default=10, show_default=True, help="Rows shown.")
 @click.option(
@@ -110,6 +116,7 @@ def retry(
     since: datetime | timedelta | None,
     until: datetime | timedelta | None,
     dry_run: bool,
+    from_scratch: bool,
     yes: bool,
     sample: int,
     by: str | None,
@@ -119,8 +126,9 @@ def retry(
     """Run FAILED, CANCELLED or EXPIRED tasks again: by id, or in bulk by filter.
 
     Each becomes PENDING as a new attempt, with its retry policy's whole budget again;
-    its earlier attempts stay in its history. A bulk retry asks first on a terminal;
-    elsewhere it needs --yes.
+    its earlier attempts stay in its history. It keeps its recorded steps, and the new
+    attempt resumes after the last one; --from-scratch deletes them first. A bulk retry
+    asks first on a terminal; elsewhere it needs --yes.
     """
     filtered = bool(statuses) or any(v is not None for v in (queue, name, error_code, since, until))
     if task_ids and filtered:
@@ -135,7 +143,7 @@ def retry(
     who = by or common.who_asks()
     if task_ids:
         ids = [parse_task_id(t) for t in task_ids]  # every id checked before any is retried
-        _by_ids(common.open_broker(database_url), ids, who, as_json)
+        _by_ids(common.open_broker(database_url), ids, who, as_json, from_scratch)
         return
     wanted = RetryFilter(
         statuses=_statuses(statuses) if statuses else (TaskStatus.FAILED,),
@@ -151,17 +159,18 @@ def retry(
             _show_bulk(retry_tasks(broker, wanted, by=who, dry_run=True, sample_size=sample), as_json)
             return
         if not yes:
-            _confirm(broker, wanted, who, sample)
-        _show_bulk(retry_tasks(broker, wanted, by=who, sample_size=sample), as_json)
+            _confirm(broker, wanted, who, sample, from_scratch)
+        bulk = retry_tasks(broker, wanted, by=who, sample_size=sample, from_scratch=from_scratch)
+        _show_bulk(bulk, as_json)
     except InvalidOptionError as exc:
         raise click.UsageError(str(exc)) from None
 
 
-def _by_ids(broker: PostgresBroker, ids: list[Any], who: str, as_json: bool) -> None:
+def _by_ids(broker: PostgresBroker, ids: list[Any], who: str, as_json: bool, from_scratch: bool) -> None:
     answers: list[dict[str, Any]] = []
     for task_id in ids:
         try:
-            answers.append(dataclasses.asdict(retry_task(broker, task_id, by=who)))
+            answers.append(dataclasses.asdict(retry_task(broker, task_id, by=who, from_scratch=from_scratch)))
         except TaskNotFoundError as exc:
             answers.append(
                 {"task_id": task_id, "retried": False, "status": None, "reason": f"not retried: {exc}"}
@@ -177,7 +186,7 @@ def _by_ids(broker: PostgresBroker, ids: list[Any], who: str, as_json: bool) -> 
         sys.exit(1)
 
 
-def _confirm(broker: PostgresBroker, wanted: RetryFilter, who: str, sample: int) -> None:
+def _confirm(broker: PostgresBroker, wanted: RetryFilter, who: str, sample: int, from_scratch: bool) -> None:
     if not sys.stdin.isatty():
         raise click.UsageError(
             "a bulk retry off a terminal needs --yes (see what it would take with --dry-run)"
@@ -186,7 +195,8 @@ def _confirm(broker: PostgresBroker, wanted: RetryFilter, who: str, sample: int)
     _show_bulk(preview, as_json=False, err=True)
     if preview.matched == 0:
         return  # nothing to ask about: the retry finds nothing either, and says so
-    click.confirm(f"Retry these {preview.matched} task(s)?", abort=True, err=True)
+    how = " from scratch (their recorded steps deleted)" if from_scratch else ""
+    click.confirm(f"Retry these {preview.matched} task(s){how}?", abort=True, err=True)
 
 
 def _show_bulk(done: BulkRetry, as_json: bool, *, err: bool = False) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 
 import click
 from rich.table import Table
 
 from tether.broker import browse
+from tether.broker.rows import TaskStepInfo
 from tether.broker.tasks import get_heartbeats, get_task
 from tether.cli import common
 from tether.ids import parse_task_id
@@ -127,7 +129,7 @@ def _task_id(ctx: click.Context, param: click.Parameter, value: str | None) -> u
 @common.db_option
 @common.json_option
 def task(task_id: str, database_url: str | None, as_json: bool) -> None:
-    """One task with its attempts."""
+    """One task with its attempts, its recorded steps and its latest heartbeats."""
     broker = common.open_broker(database_url)
     tid = parse_task_id(task_id)
     info = broker.run(lambda conn: get_task(conn, tid))
@@ -137,7 +139,7 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
     stored = info.as_stored()  # the row as stored: its result as the JSON it is kept as
     if as_json:
-        common.emit_json({**stored, "attempts": attempts, "heartbeats": beats})
+        common.emit_json({**stored, "attempts": attempts, "steps": info.steps, "heartbeats": beats})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
     for key in TASK_FIELDS:
@@ -162,10 +164,23 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
             ],
         )
     )
+    if info.steps:  # a task that checkpoints nothing keeps the page it always had
+        common.console.print(steps_table(info.steps))
     common.console.print(
         common.table(
             "Latest heartbeats",
             ["role", "sender", "host", "pid", "sent"],
             [[b.role, b.sender_id, b.hostname, b.pid, common.ts(b.sent_at)] for b in beats],
         )
+    )
+
+
+def steps_table(steps: Sequence[TaskStepInfo]) -> Table:
+    """The task's checkpointed steps (docs/durable-steps.md#seeing-the-steps): which call of a
+    name each is (#0 the first), the attempt that ran it, when it was recorded, and the bytes
+    of its result's JSON."""
+    return common.table(
+        "Steps",
+        ["step", "#", "attempt", "recorded", "bytes"],
+        [[s.name, s.occurrence, s.attempt, common.ts(s.written_at), f"{s.size:,}"] for s in steps],
     )

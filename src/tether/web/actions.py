@@ -71,10 +71,12 @@ def cancel_task(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
 
 
 def retry_task(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
-    """``{"task_id"}``: retry an ended task (back to PENDING, same id)."""
+    """``{"task_id", "from_scratch": bool}``: retry an ended task (back to PENDING, same id),
+    keeping its recorded steps unless ``from_scratch`` (default false)."""
     task_id = _id(body, "task_id")
+    from_scratch = _flag(body, "from_scratch")
     try:
-        answer = retrying.retry_task(desk.broker, task_id, by=by)
+        answer = retrying.retry_task(desk.broker, task_id, by=by, from_scratch=from_scratch)
     except TaskNotFoundError as exc:
         raise ApiError(404, str(exc)) from None
     message = f"task {task_id} {answer.reason}"  # "retried: PENDING as ...", "not retried: it is ..."
@@ -87,16 +89,18 @@ def retry_task(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
 
 
 def retry_tasks(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
-    """``{"filter": {status, queue, name, error_code, since, until}, "dry_run": bool}``: retry
-    every ended task the filter matches (statuses default to FAILED; ``since`` and ``until``
-    bound when the task ended, as in tether.retrying). The page sends a dry run first, shows
-    the count and a sample, and sends the real one when confirmed."""
+    """``{"filter": {status, queue, name, error_code, since, until}, "dry_run": bool,
+    "from_scratch": bool}``: retry every ended task the filter matches (statuses default to
+    FAILED; ``since`` and ``until`` bound when the task ended, as in tether.retrying;
+    ``from_scratch`` deletes their recorded steps, default false). The page sends a dry run
+    first, shows the count and a sample, and sends the real one when confirmed."""
     raw = body.get("filter", {})
     if not isinstance(raw, dict):
         raise ApiError(400, "filter must be an object")
     dry_run = body.get("dry_run", True)
     if not isinstance(dry_run, bool):
         raise ApiError(400, "dry_run must be true or false")
+    from_scratch = _flag(body, "from_scratch")
     query = {key: [str(value)] for key, value in raw.items() if value not in (None, "")}
     where = api.task_filter(query)
     wanted = retrying.RetryFilter(
@@ -108,7 +112,7 @@ def retry_tasks(desk: Desk, body: Mapping[str, Any], by: str) -> Acted:
         until=where.until,
     )
     try:
-        bulk = retrying.retry_tasks(desk.broker, wanted, by=by, dry_run=dry_run)
+        bulk = retrying.retry_tasks(desk.broker, wanted, by=by, dry_run=dry_run, from_scratch=from_scratch)
     except InvalidOptionError as exc:
         raise ApiError(400, str(exc)) from None
     described = _described(wanted)
@@ -238,3 +242,11 @@ def _queue(body: Mapping[str, Any]) -> str:
         return names.check_queue_name(body.get("queue"))
     except InvalidOptionError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    """An optional true/false of the body (absent: false)."""
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be true or false")
+    return value

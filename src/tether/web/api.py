@@ -33,6 +33,8 @@ MAX_PAGE_SIZE = 200
 HEARTBEATS_SHOWN = 20
 # The task page's timeline: enough for a long run at the default interval, few enough to draw.
 TIMELINE_HEARTBEATS = 500
+# The task page's steps: a step in a long loop can record thousands; the page lists the first.
+STEPS_SHOWN = 1_000
 MAX_WORKERS = 200
 MAX_IN_FLIGHT = 2_000
 READ_TIME_LIMIT_MS = 10_000
@@ -100,8 +102,9 @@ def task_filter(query: Query) -> browse.TaskFilter:
 
 
 def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
-    """``GET /api/tasks/<id>``: the task, every attempt, its latest heartbeats (the table's
-    few, and the timeline's more), and the server's time (the timeline's right edge)."""
+    """``GET /api/tasks/<id>``: the task, every attempt, its recorded steps (the first
+    STEPS_SHOWN, and how many there are), its latest heartbeats (the table's few, and the
+    timeline's more), and the server's time (the timeline's right edge)."""
     tid = _parse_uuid("task id", task_id)
 
     def work(conn: Conn) -> dict[str, Any]:
@@ -115,6 +118,8 @@ def task_page(broker: PostgresBroker, task_id: str) -> dict[str, Any]:
         return {
             "task": {**detail.task.as_stored(), **step},
             "attempts": detail.task.attempts,
+            "steps": detail.task.steps[:STEPS_SHOWN],
+            "steps_total": len(detail.task.steps),
             "heartbeats": beats[:HEARTBEATS_SHOWN],
             # The timeline's: when and in which role, the latest TIMELINE_HEARTBEATS.
             "timeline_heartbeats": [{"sent_at": b.sent_at, "role": b.role} for b in beats],

@@ -50,7 +50,7 @@ SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS 
        NULL::timestamptz AS reached;
 
 -- name: prune_terminal_tasks
--- Attempts go with their task (ON DELETE CASCADE), and so do unique keys. Workflow steps'
+-- Attempts and checkpointed steps go with their task (ON DELETE CASCADE), and so do unique keys. Workflow steps'
 -- tasks go with their workflow (prune_workflows), never while it may still need them.
 -- The status again on the row itself: a task retried by hand after this statement's
 -- snapshot is re-checked once its lock is granted, and kept.

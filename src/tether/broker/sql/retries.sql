@@ -68,6 +68,12 @@ WHERE t.status = ANY(%(statuses)s::text[])
 -- One row per task that was in one of `statuses` (others are not named: the caller
 -- reads their status): retried, or the key's holder; in no particular order. NOTIFYs 'tether_work' once per
 -- queue with the earliest run_at, as tasks.sql's sends do, so idle workers claim now.
+--
+-- Checkpointed steps (docs/durable-steps.md#retrying-from-the-last-step): a retried task
+-- keeps the steps it recorded, so its next attempt resumes after the last one. With
+-- `from_scratch` they are deleted here, in the statement that requeues it, so no attempt
+-- can claim the task and find them (a task that is not RUNNING records no step: the step
+-- writes' fence). Its row is locked first, then its steps, as a step write locks them.
 WITH wanted AS (
     SELECT t.id, t.name, t.queue, t.unique_key
     FROM tether_tasks t
@@ -116,6 +122,10 @@ WITH wanted AS (
     FROM judged j
     WHERE t.id = j.id AND j.holder IS NULL AND t.status = ANY(%(statuses)s::text[])
     RETURNING t.id, t.queue, t.run_at
+), restarted AS (
+    DELETE FROM tether_task_steps s USING retried r
+    WHERE %(from_scratch)s::boolean AND s.task_id = r.id
+    RETURNING s.task_id
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM retried GROUP BY queue

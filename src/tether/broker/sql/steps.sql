@@ -59,3 +59,14 @@ WITH given AS (
 SELECT h.task_id::text AS task_id, h.name, h.occurrence, w.result AS stored
 FROM held h
 LEFT JOIN written w ON w.task_id = h.task_id AND w.name = h.name AND w.occurrence = h.occurrence;
+
+-- name: list_steps
+-- The steps a task recorded, for `tether task ID`, the dashboard and handle.info(): what
+-- each is and who wrote it, in the order recorded (steps written in one transaction share
+-- written_at: then by attempt, name, occurrence). The result is not sent: its size is
+-- measured here, as the bytes of the JSON text a later attempt reads back. By the primary
+-- key's prefix, like load_steps.
+SELECT name, occurrence, attempt, written_at, octet_length(result::text) AS size
+FROM tether_task_steps
+WHERE task_id = %(id)s
+ORDER BY written_at, attempt, name, occurrence;

@@ -57,8 +57,9 @@ def parse_result_id(result_id: Any) -> uuid.UUID | None:
 
 
 def read(app: Tether, task_id: uuid.UUID) -> TaskInfo | None:
-    """The task's row and attempts (one pooled connection), or None if there is no such task."""
-    return app.broker.run(lambda conn: tasks.get_task(conn, task_id))
+    """The task's row and attempts (one pooled connection), or None if there is no such task.
+    Its steps are not read: Django's TaskResult has no place for them."""
+    return app.broker.run(lambda conn: tasks.get_task(conn, task_id, steps=False))
 
 
 def to_django(row: TaskInfo, task: Any, backend_alias: str, queues: set[str]) -> Any:

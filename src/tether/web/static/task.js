@@ -1,6 +1,7 @@
 // One task (#/task/<id>): its fields, arguments, result or error with its traceback, its
-// attempts and heartbeats on a timeline (timeline.js), every attempt, the latest
-// heartbeats, the workflow it is a step of; cancel and retry.
+// attempts and heartbeats on a timeline (timeline.js), every attempt, its recorded steps,
+// the latest heartbeats, the workflow it is a step of; cancel, retry (from its last
+// recorded step) and retry from scratch.
 import { badge, confirmButton, el, fields, json, link, route, table, time, workflowLink } from "./dom.js";
 import { getJSON } from "./net.js";
 import { timeline } from "./timeline.js";
@@ -12,11 +13,11 @@ const RETRYABLE = new Set(["FAILED", "CANCELLED", "EXPIRED"]);
 
 export async function render(view, ctx) {
   const id = ctx.arg;
-  const { task: t, attempts, heartbeats, timeline_heartbeats: beats, now } =
+  const { task: t, attempts, steps, steps_total: stepsTotal, heartbeats, timeline_heartbeats: beats, now } =
     await getJSON("api/tasks/" + encodeURIComponent(id));
   view.append(el("h2", {}, "Task ", el("span", { text: t.name }), " ", badge(t.status)));
   view.dataset.status = t.status;
-  view.append(actions(t, ctx));
+  view.append(actions(t, stepsTotal, ctx));
   const finished = t.completed_at || t.failed_at || t.cancelled_at || t.expired_at;
   view.append(fields([
     ["id", el("code", { text: t.id })],
@@ -64,6 +65,14 @@ export async function render(view, ctx) {
                        a.error_message || "", a.worker_id || "", a.hostname || "", a.pid ?? "",
                        time(a.started_at), time(a.finished_at)]),
     "no finished attempt", { id: "attempts" }));
+  view.append(el("h3", { text: "Steps" }), table(
+    ["step", "#", "attempt", "recorded", "bytes"],
+    steps.map(s => [s.name, s.occurrence, s.attempt, time(s.written_at), s.size]),
+    "no recorded step", { id: "steps" }));
+  if (stepsTotal > steps.length) {
+    view.append(el("p", { class: "muted", id: "steps-more",
+                          text: `the first ${steps.length} of ${stepsTotal} steps (tether task ${t.id} lists them all)` }));
+  }
   view.append(el("h3", { text: "Latest heartbeats" }), table(
     ["sent", "role", "sender", "host", "pid"],
     heartbeats.map(h => [time(h.sent_at), h.role, h.sender_id, h.hostname, h.pid]),
@@ -92,7 +101,7 @@ function result(value) {
   return box;
 }
 
-function actions(t, ctx) {
+function actions(t, stepsTotal, ctx) {
   const bar = el("div", { class: "actions", id: "task-actions" });
   if (!ctx.canAct) return bar;
   if (OPEN.has(t.status)) {
@@ -105,12 +114,20 @@ function actions(t, ctx) {
     }
   }
   if (RETRYABLE.has(t.status)) {
-    const retry = el("button", { type: "button", id: "retry-task" }, "Retry task");
+    // A retry keeps the recorded steps: the new attempt resumes after the last one.
+    const retry = el("button", { type: "button", id: "retry-task",
+                                 title: stepsTotal ? `resumes after its ${stepsTotal} recorded step(s)` : null },
+                     "Retry task");
     retry.addEventListener("click", async () => {
       retry.disabled = true;
       await ctx.act("retry-task", { task_id: t.id });
     });
     bar.append(retry);
+    if (stepsTotal) {
+      bar.append(confirmButton("Retry from scratch",
+        `Delete its ${stepsTotal} recorded step(s) and run every step again?`, "Yes, from scratch",
+        () => ctx.act("retry-task", { task_id: t.id, from_scratch: true }), ctx, { id: "retry-from-scratch" }));
+    }
   }
   return bar;
 }
