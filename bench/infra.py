@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import psutil
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -166,3 +167,15 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def task_children(main_pid: int) -> list[psutil.Process]:
+    """The worker's task children: spawned by its main process, or forked by its fork server."""
+    found: list[psutil.Process] = []
+    for p in psutil.Process(main_pid).children():
+        command = " ".join(p.cmdline())
+        if "spawn_main" in command:
+            found.append(p)
+        elif "resource_tracker" not in command:  # the fork server (forked, or started anew)
+            found.extend(p.children())
+    return found

@@ -16,7 +16,8 @@ between the first ``started_at`` and the last ``completed_at`` (database time), 
   worker and a batch processor whose exporter drops the spans (bench/otel_sdk.py), and the
   tasks sent traced by a producer with the SDK (so each run extracts and links its send's
   context), every trace sampled;
-- on: both; sampled: both, with 1 % of traces sampled (ParentBased(TraceIdRatioBased)).
+- on: both; sampled: both, with 1 % of traces sampled (ParentBased(TraceIdRatioBased));
+  tracing_sampled: tracing alone, 1 % sampled. ``--kinds async`` (or sync) runs one executor.
 
 Beside the throughput, the worker's CPU time per task (its processes' user + system time over
 the run, after a warm-up): on a shared machine the throughput moves with others' load, the
@@ -41,7 +42,7 @@ from pathlib import Path
 import psutil
 
 from bench import otel_sdk
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, wait_all_terminal
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, task_children, wait_all_terminal
 from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
 
@@ -86,7 +87,7 @@ def settled(pid: int, children: int) -> None:
     deadline = time.monotonic() + 60
     last = -1.0
     while time.monotonic() < deadline:
-        kids = [c for c in psutil.Process(pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        kids = task_children(pid)
         now = tree_cpu(pid)
         if len(kids) >= children and now - last < 0.02:
             return
@@ -96,13 +97,14 @@ def settled(pid: int, children: int) -> None:
 
 
 def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
-    """``mode``: off, metrics, tracing, on (both), or sampled (both, 1 % of traces sampled).
+    """``mode``: off, metrics, tracing, on (both), sampled (both, 1 % of traces sampled) or
+    tracing_sampled (tracing alone, 1 %).
     Returns (tasks/s by database time, worker CPU microseconds per task): the second is what the
     machine's other load moves least."""
     app_path, task_name, args = KINDS[kind]
-    traced = mode in ("tracing", "on", "sampled")
+    traced = mode in ("tracing", "on", "sampled", "tracing_sampled")
     metered = mode in ("metrics", "on", "sampled")
-    ratio = 0.01 if mode == "sampled" else 1.0
+    ratio = 0.01 if mode in ("sampled", "tracing_sampled") else 1.0
     otel_sdk.set_ratio(ratio)  # the producer's sampler: a run follows its send's decision
     db.reset_tasks()
     env = (
@@ -193,8 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--history", type=int, default=1_000_000)
     p.add_argument("--only", choices=["throughput", "scrape"], default=None)
     p.add_argument(
-        "--modes", default="off,on", help="comma-separated, off first: off, metrics, tracing, on (both)"
+        "--modes",
+        default="off,on",
+        help="comma-separated, off first: off, metrics, tracing, on (both), sampled (both, 1 %% of "
+        "traces), tracing_sampled (tracing alone, 1 %% of traces)",
     )
+    p.add_argument("--kinds", default="sync,async", help="comma-separated executors: sync, async")
     a = p.parse_args(argv)
     db = BenchDatabase(a.database_url)
     db.create()
@@ -206,10 +212,14 @@ def main(argv: list[str] | None = None) -> None:
         if a.only in (None, "throughput"):
             with tempfile.TemporaryDirectory() as tmp:
                 modes = a.modes.split(",")
+                kinds = [k for k in a.kinds.split(",") if k]
+                unknown = [k for k in kinds if k not in KINDS]
+                if unknown:
+                    p.error(f"--kinds: unknown executor(s) {unknown}; known: {sorted(KINDS)}")
                 results: dict[tuple[str, str], list[float]] = {}
                 cpus: dict[tuple[str, str], list[float]] = {}
                 for r in range(a.rounds):
-                    for kind in KINDS:
+                    for kind in kinds:
                         for mode in modes if r % 2 == 0 else modes[::-1]:
                             rate, cpu = one_run(db, kind, mode, a.tasks, Path(tmp))
                             results.setdefault((kind, mode), []).append(rate)
@@ -219,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                                 f"worker CPU {cpu:6.0f} us/task (load {os.getloadavg()[0]:.1f})",
                                 flush=True,
                             )
-                for kind in KINDS:
+                for kind in kinds:
                     off = results[(kind, "off")]
                     for mode in modes[1:]:
                         these = results[(kind, mode)]

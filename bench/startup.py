@@ -35,10 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from bench.apps import make_app
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, connect_dict, wait_for
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, connect_dict, task_children, wait_for
 from tether.db.migrate import migrate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,18 +47,6 @@ class Variant:
     label: str
     src: Path
     env: dict[str, str] = field(default_factory=dict)
-
-
-def task_children(main_pid: int) -> list[psutil.Process]:
-    """The worker's task children: spawned by its main process, or forked by its fork server."""
-    found: list[psutil.Process] = []
-    for p in psutil.Process(main_pid).children():
-        command = " ".join(p.cmdline())
-        if "spawn_main" in command:
-            found.append(p)
-        elif "resource_tracker" not in command:  # the fork server (forked, or started anew)
-            found.extend(p.children())
-    return found
 
 
 def start_worker(variant: Variant, db: BenchDatabase, processes: int, log: Path) -> subprocess.Popen[bytes]:

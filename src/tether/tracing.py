@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, SpanContext, Tracer
+    from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Tracer
 
     from tether.broker.claims import TaskPayload
     from tether.outcomes import Outcome
@@ -197,6 +197,7 @@ class _Run:
         # The two flags a traceparent carries today (sampled or not), made once: a run pays
         # for its span context, not for a TraceFlags per run.
         self._flags_of = {0: TraceFlags(0), 1: TraceFlags(1)}
+        self.unsampled_send = _unsampled_send_class(NonRecordingSpan, self.remote)
 
     def remote(self, stored: str) -> SpanContext | None:
         """The send's span context from the stored traceparent ("00-<32 hex>-<16 hex>-<2 hex>",
@@ -222,6 +223,37 @@ class _Run:
 _run: _Run | None = None
 
 
+def _unsampled_send_class(base: type[NonRecordingSpan], parse: Callable[[str], SpanContext | None]) -> Any:
+    """A non-recording span for a send that was not sampled, which parses its stored context
+    only when something asks for it (a send or a call from inside the run, a log line):
+    most unsampled runs never do, and the parse was most of what such a run paid."""
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT
+
+    class UnsampledSend(base):  # type: ignore[valid-type, misc]
+        def __init__(self, stored: str) -> None:
+            self._stored = stored
+            self._context: SpanContext | None = None
+
+        def get_span_context(self) -> SpanContext:
+            if self._context is None:
+                self._context = parse(self._stored) or INVALID_SPAN_CONTEXT
+            return self._context
+
+    return UnsampledSend
+
+
+def _sampled_flag(stored: str) -> bool | None:
+    """The sampled bit of a stored version-00 traceparent ("00-<32 hex>-<16 hex>-<2 hex>",
+    tracestate after a newline) read from its last two characters, or None when the text
+    is not in that shape (then it is parsed whole)."""
+    if len(stored) < 55 or stored[52] != "-" or (len(stored) > 55 and stored[55] != "\n"):
+        return None
+    try:
+        return bool(int(stored[53:55], 16) & 1)
+    except ValueError:
+        return None
+
+
 def _start_consumer(payload: TaskPayload) -> tuple[Span, object]:
     """The run's CONSUMER span, made current; returns it and the token to detach."""
     global _run
@@ -229,6 +261,12 @@ def _start_consumer(payload: TaskPayload) -> tuple[Span, object]:
     sent_in = None
     links = None
     stored = payload.trace_context
+    if stored and _sampled_flag(stored) is False:
+        # Its send was not sampled: the run is not recorded either (what ParentBased, the
+        # SDK's default sampler, decides), without asking the SDK. The send's context is
+        # still made current, so what the run sends or calls follows the same decision.
+        unsampled: Span = run.unsampled_send(stored)
+        return unsampled, run.attach(run.in_context(unsampled))
     if stored:
         sent = run.remote(stored)
         if sent is not None:
