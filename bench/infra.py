@@ -179,3 +179,55 @@ def task_children(main_pid: int) -> list[psutil.Process]:
         elif "resource_tracker" not in command:  # the fork server (forked, or started anew)
             found.extend(p.children())
     return found
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and its children."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def settled(pid: int, children: int) -> None:
+    """Until the worker has its ``children`` and their start-up (imports) is over: CPU flat for 0.5 s."""
+    deadline = time.monotonic() + 60
+    last = -1.0
+    while time.monotonic() < deadline:
+        kids = task_children(pid)
+        now = tree_cpu(pid)
+        if len(kids) >= children and now - last < 0.02:
+            return
+        last = now
+        time.sleep(0.5)
+    raise TimeoutError("worker did not settle")
+
+
+def session_cpu(db: BenchDatabase, name_prefix: str = "tether-") -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each server process serving a session of the
+    bench database whose application_name starts with ``name_prefix`` (a worker's sessions:
+    tether-worker, tether-child, ...), read from /proc: the server must run on this machine."""
+    rows = db.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE %s",
+        (name_prefix + "%",),
+    )
+    used: dict[int, float] = {}
+    for (pid,) in rows:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        used[pid] = times.user + times.system
+    return used
+
+
+def session_cpu_since(db: BenchDatabase, before: dict[int, float], name_prefix: str = "tether-") -> float:
+    """CPU seconds the sessions of ``session_cpu`` used since ``before`` (a session opened since
+    counts whole; one closed since is lost: read this before the worker stops)."""
+    now = session_cpu(db, name_prefix)
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())

@@ -39,10 +39,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-
 from bench import otel_sdk
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, task_children, wait_all_terminal
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled, tree_cpu, wait_all_terminal
 from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
 
@@ -67,33 +65,6 @@ def producer(url: str, kind: str, traced: bool) -> Tether:
 
     app = Tether(AppConfig(broker=PostgresConfig(database_url=url), tracing=traced))
     return apps._register(app) if kind == "sync" else async_apps._register(app)
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` and its children."""
-    total = 0.0
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
-def settled(pid: int, children: int) -> None:
-    """Until the worker has its ``children`` and their start-up (imports) is over: CPU flat for 0.5 s."""
-    deadline = time.monotonic() + 60
-    last = -1.0
-    while time.monotonic() < deadline:
-        kids = task_children(pid)
-        now = tree_cpu(pid)
-        if len(kids) >= children and now - last < 0.02:
-            return
-        last = now
-        time.sleep(0.5)
-    raise TimeoutError("worker did not settle")
 
 
 def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
