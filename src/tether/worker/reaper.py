@@ -2,9 +2,10 @@
 one pass per due moment (broker/reaper_passes.py, one row of tether_reaper).
 
 A tick first reads when the fleet's next pass is due (one statement; not after a pass of
-its own, whose next moment it set itself). Not yet: it sleeps until then. Due: it claims the pass in the transaction that does it, and only one worker
-gets it. A pass, in this order: expire PENDING tasks past good_until; requeue stale
-CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; read the workflow
+its own, whose next moment it set itself). Not yet: it sleeps until then. Due: it claims
+the pass in the transaction that does it, and only one worker gets it. A pass, in this
+order: expire PENDING tasks past good_until; requeue stale CLAIMED; retry or fail stale
+RUNNING; mark silent workers inactive; read the workflow
 steps to reconcile and when the next task turns stale or expires; write that moment to the
 row as the fleet's next pass (all in one transaction); then reconcile workflow steps and
 finish workflows, one transaction per workflow and only when there is any; then, at most
@@ -119,21 +120,22 @@ class Reaper(Service):
                 return None, self._busy_sleep()
         stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
         unfinished: list[uuid.UUID] = []
+        done, wait = recovery.Recovered(), 0.0
         with conn.transaction():
             turn = reaper_passes.claim(conn, self.worker_id, cfg.check_interval_ms)
-            if turn.pass_number is None:
-                self._did_last_pass = False
-                if turn.due_in_s > 0:  # another worker claimed it first
-                    return None, self._clamp(turn.due_in_s)
-                return None, self._busy_sleep()  # another worker is doing it now
-            self._did_last_pass = True
-            done = self._act(conn)
-            # Read in this transaction, so the steps of tasks failed just now are found.
-            stuck = workflow_recovery.find_stuck(conn)
-            unfinished = workflow_recovery.find_unfinished(conn)
-            more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
-            wait = 0.0 if more else self._sleep_for(conn)
-            reaper_passes.schedule_next(conn, wait)
+            self._did_last_pass = turn.pass_number is not None
+            if turn.pass_number is not None:
+                done = self._act(conn)
+                # Read in this transaction, so the steps of tasks failed just now are found.
+                stuck = workflow_recovery.find_stuck(conn)
+                unfinished = workflow_recovery.find_unfinished(conn)
+                more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
+                wait = 0.0 if more else self._sleep_for(conn)
+                reaper_passes.schedule_next(conn, wait)
+        if turn.pass_number is None:
+            if turn.due_in_s > 0:  # another worker claimed it first (or moved the moment)
+                return None, self._not_due(conn, turn.due_in_s)
+            return None, self._busy_sleep()  # another worker is doing it now
         self.passes += 1
         log.debug(
             "reaper pass %d done by worker %s; the next is due in %.2fs",
