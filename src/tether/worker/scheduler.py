@@ -15,7 +15,7 @@ It wakes early when a schedule of its queues is declared, paused or resumed (NOT
 whatever it was told: nothing depends on a notification arriving. That look is no
 transaction of its own while the heartbeat tells it: each beat reads when the next slot
 comes (heartbeats.sql) and hands it over (``heard``), and a tick that no notification woke
-takes the beat's answer while it is younger than the check interval. On a database error
+takes the beat's answer while it is younger than 1.5 check intervals. On a database error
 it tries again after 0.5 s, backing off up to the check interval.
 """
 
@@ -44,6 +44,10 @@ log = logging.getLogger("tether.scheduler")
 
 # Slots are due from their instant on: wake a little after it, never before.
 AFTER_DUE_S = 0.002
+# A heartbeat's read of the next slot stands for the scheduler's own look while younger than
+# this many check intervals. Beats come a heartbeat interval apart (by default the check
+# interval too), and one a little late must not cost a read: the slack is for that.
+HEARD_FRESH_FOR = 1.5
 
 
 class Scheduler(Service):
@@ -128,13 +132,13 @@ class Scheduler(Service):
 
     def _ahead_heard(self) -> float | bool | None:
         """Seconds to the next slot as the heartbeat last read them (None: no schedule), or
-        False when that is no answer: woken by a notification, or older than the check interval."""
+        False when that is no answer: woken by a notification, or too old (HEARD_FRESH_FOR)."""
         told, self._told = self._told, False
         heard = self._heard
         if told or heard is None:
             return False
         age = time.monotonic() - heard[0]
-        if age >= self.max_sleep_s:
+        if age >= HEARD_FRESH_FOR * self.max_sleep_s:
             return False
         return None if heard[1] is None else heard[1] - age
 
