@@ -39,10 +39,24 @@ def app(database_url: str, db: psycopg.Connection[Any]) -> Iterator[Tether]:
     db.execute("DELETE FROM tether_tasks")
 
 
+_started: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def since(db: psycopg.Connection[Any]) -> None:
+    """This test's start (database time): connections opened before it are others' (a
+    producer another test left open on the shared test database)."""
+    row = db.execute("SELECT clock_timestamp() AS at").fetchone()
+    assert row is not None
+    _started[:] = [row["at"]]
+
+
 def backends(db: psycopg.Connection[Any]) -> set[int]:
-    """The producer's connections (application_name 'tether') to the test database."""
+    """The producer's connections (application_name 'tether') opened during this test."""
     rows = db.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'tether'"
+        " AND backend_start >= %s",
+        (_started[0],),
     ).fetchall()
     return {r["pid"] for r in rows}
 
