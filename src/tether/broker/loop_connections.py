@@ -6,8 +6,9 @@ more on a busy machine: with one send in flight at a time, a third of what a dur
 takes. So a loop that sends a second time opens one ``AsyncConnection`` for itself (the
 pool's settings: autocommit, dict rows, the session limits), and a send that finds it free
 writes on it directly. A loop's first send takes the pool path: ``asyncio.run(send_async())``
-called again and again makes a new loop each time, and must not pay a connect per send. A send that finds it in use (sends in flight together) goes to the
-pool in a thread as before, so concurrency is what it was.
+called again and again makes a new loop each time, and must not pay a connect per send.
+A send that finds it in use (sends in flight together) goes to the pool in a thread as
+before, so concurrency is what it was.
 
 What an AsyncConnectionPool could not promise is kept: the connection is one object with no
 task of its own, and closing it needs no loop (``close_all``, and a finalizer when its loop
