@@ -40,6 +40,7 @@ from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.retention_pace import RETENTION_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
+from bench.send_limit import SEND_LIMIT_SCENARIOS
 from bench.steps import STEP_SCENARIOS
 from bench.transactions import TRANSACTION_SCENARIOS
 from bench.unique import UNIQUE_SCENARIOS
@@ -48,6 +49,7 @@ from bench.workflows import WORKFLOW_SCENARIOS
 BUSY_WARNING = 15.0
 SCENARIOS = {
     **CORE_SCENARIOS,
+    **SEND_LIMIT_SCENARIOS,
     **UNIQUE_SCENARIOS,
     **TRANSACTION_SCENARIOS,
     **RECOVERY_SCENARIOS,

@@ -235,6 +235,10 @@ def commit_ceiling(ctx: Context) -> Outcome:
             "good_until": None,
             "delay": timedelta(0),
             "durable": True,
+            "run_at": None,
+            "notify_always": False,
+            "trace_context": None,
+            "concurrency_key": None,
         }
 
     with psycopg.connect(ctx.db.url, autocommit=True) as conn:

@@ -13,12 +13,24 @@ server answer counts as one round trip: ``Q`` (simple query) and ``S`` (Sync, wh
 an extended-protocol exchange: Parse/Bind/Describe/Execute/Sync). Each round trip is
 labelled with the statement it carried, for readable failure messages.
 
+The server-to-client stream is parsed too, for **transactions**: each exchange ends with
+a ReadyForQuery (``Z``) whose status byte says where the session is: ``I`` idle, ``T`` in a
+transaction, ``E`` in a failed one. An exchange that leaves the session idle ends a
+transaction: begun by this exchange (a statement in autocommit: an implicit transaction)
+or by an earlier one (``BEGIN`` ... ``COMMIT``). It committed unless the server answered an
+error (``E``) in it or its COMMIT came back as ``ROLLBACK``. That is what PostgreSQL counts
+in ``pg_stat_database.xact_commit``, seen at once and by connection. Each transaction keeps
+its statements' labels and command tags (``C``: ``UPDATE 0``, ``INSERT 0 1``, ``SELECT 1``):
+an UPDATE whose tag says 0 rows wrote nothing. The start-up's own exchange (up to its first
+``Z``) is not counted.
+
 The proxied URL disables SSL and GSS encryption, so no request to negotiate them comes
 before the startup packet (one that does is passed on and skipped, all the same).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import struct
@@ -47,6 +59,24 @@ class RoundTrip:
     prepares: bool = False  # the exchange prepared a named statement (psycopg: on its 6th run)
 
 
+@dataclass(frozen=True)
+class Transaction:
+    at: float  # time.monotonic() when the proxy saw the ReadyForQuery that ended it
+    connection: int
+    application_name: str
+    labels: tuple[str, ...]  # the round trips in it, in order (BEGIN and COMMIT included)
+    tags: tuple[str, ...]  # the command tags the server answered, in order
+    committed: bool
+
+    @property
+    def label(self) -> str:
+        """Its first statement other than BEGIN (what names it in a summary)."""
+        for label in self.labels:
+            if label.split(" ", 1)[0].upper() not in ("BEGIN", "SAVEPOINT"):
+                return label
+        return self.labels[0] if self.labels else "<none>"
+
+
 def _label(query: str) -> str:
     text = " ".join(query.split())
     if not text:
@@ -67,6 +97,7 @@ class _Parser:
         self.statements: dict[str, str] = {}  # prepared statement name -> its query's label
         self.queries: dict[str, str] = {}  # prepared statement name -> its query
         self.prepares = False  # a Parse of a named statement since the last Sync
+        self.awaiting: collections.deque[str] = collections.deque()  # round trips not yet answered
 
     def feed(self, data: bytes) -> int | None:
         """Read what passes. None, or (when a subclass's hook asked to end the connection after
@@ -131,6 +162,51 @@ class _Parser:
         return end
 
 
+class _Answers:
+    """The server-to-client half of one connection: where each transaction ends."""
+
+    def __init__(self, counter: WireCounter, parser: _Parser) -> None:
+        self.counter = counter
+        self.parser = parser
+        self.buffer = bytearray()
+        self.started = False  # past the start-up's first ReadyForQuery
+        self.labels: list[str] = []  # of the transaction in progress
+        self.tags: list[str] = []
+        self.failed = False
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= 5:
+            kind = self.buffer[0]
+            (length,) = struct.unpack("!i", self.buffer[1:5])
+            if len(self.buffer) < 1 + length:
+                return
+            body = bytes(self.buffer[5 : 1 + length])
+            del self.buffer[: 1 + length]
+            self._message(kind, body)
+
+    def _message(self, kind: int, body: bytes) -> None:
+        if kind == ord("C"):  # CommandComplete: its tag
+            self.tags.append(body.split(b"\0", 1)[0].decode(errors="replace"))
+        elif kind == ord("I"):  # EmptyQueryResponse (the empty statement: a transaction too)
+            self.tags.append("<empty>")
+        elif kind == ord("E"):
+            self.failed = True
+        elif kind == ord("Z"):
+            status = body[:1]
+            if not self.started:
+                self.started = True  # the start-up's: no statement of the client's
+                self.tags, self.failed = [], False
+                return
+            with self.counter._lock:
+                label = self.parser.awaiting.popleft() if self.parser.awaiting else "?"
+            self.labels.append(label)
+            if status == b"I":
+                committed = not self.failed and (not self.tags or self.tags[-1] != "ROLLBACK")
+                self.counter._ended(self.parser, self.labels, self.tags, committed)
+                self.labels, self.tags, self.failed = [], [], False
+
+
 class WireCounter:
     """Proxy 127.0.0.1:<free port> -> the server of ``target_url``, counting round trips."""
 
@@ -149,6 +225,7 @@ class WireCounter:
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._trips: list[RoundTrip] = []
+        self._transactions: list[Transaction] = []
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._connections = 0
@@ -199,6 +276,21 @@ class WireCounter:
         with self._lock:
             return [t for t in self._trips if since <= t.at < until]
 
+    def transactions(self, since: float = 0.0, until: float = float("inf")) -> list[Transaction]:
+        """Transactions that ended with ``since <= at < until`` (time.monotonic() values)."""
+        with self._lock:
+            return [t for t in self._transactions if since <= t.at < until]
+
+    @staticmethod
+    def transaction_summary(transactions: list[Transaction]) -> str:
+        """Counts by connection, statement and tags, most frequent first, one per line."""
+        counts = Counter(
+            f"#{t.connection} {t.application_name or '-'}: {t.label} [{', '.join(t.tags)}]"
+            f"{'' if t.committed else ' (rolled back)'}"
+            for t in transactions
+        )
+        return "\n".join(f"{n:4d} x {what}" for what, n in counts.most_common())
+
     @staticmethod
     def summary(trips: list[RoundTrip]) -> str:
         """Counts by connection and statement, most frequent first, one per line."""
@@ -226,6 +318,14 @@ class WireCounter:
         trip = RoundTrip(time.monotonic(), parser.number, parser.application_name, label, prepares)
         with self._lock:
             self._trips.append(trip)
+            parser.awaiting.append(label)  # the server's next ReadyForQuery ends this exchange
+
+    def _ended(self, parser: _Parser, labels: list[str], tags: list[str], committed: bool) -> None:
+        tx = Transaction(
+            time.monotonic(), parser.number, parser.application_name, tuple(labels), tuple(tags), committed
+        )
+        with self._lock:
+            self._transactions.append(tx)
 
     def _accept(self) -> None:
         while not self._stopping:
@@ -244,7 +344,15 @@ class WireCounter:
                 number = self._connections
                 self._sockets += [client, server]
             parser = _Parser(self, number)
-            replies = self._replies(number)
+            answers = _Answers(self, parser)
+            hook = self._replies(number)
+
+            def replies(
+                data: bytes, answers: _Answers = answers, hook: Callable[[bytes], int | None] | None = hook
+            ) -> int | None:
+                answers.feed(data)
+                return None if hook is None else hook(data)
+
             for source, sink, seen in ((client, server, parser.feed), (server, client, replies)):
                 thread = threading.Thread(
                     target=self._pump, args=(source, sink, seen), name=f"wire-counter-{number}", daemon=True

@@ -23,7 +23,8 @@ import psycopg
 import pytest
 
 from tests.conftest import WorkerFactory, wait_until
-from tests.wire_counter import WireCounter
+from tests.wire_counter import Transaction, WireCounter
+from tether.broker.queries import q
 from tether.broker.worker_pool import WorkerPool
 from tether.config import AppConfig, PostgresConfig
 
@@ -121,6 +122,166 @@ def test_idle_round_trips_of_a_worker_counted_over_10_s(
     # And the poll really happens: a count that cannot fall short proves nothing.
     assert len(trips) >= polls - 2, breakdown
     print(f"\n{breakdown}")
+
+
+def _starts(name: str) -> str:
+    """How a transaction of tether's statement ``name`` starts on the wire (its label's head)."""
+    return " ".join(q(name).split())[:40]
+
+
+CLAIM, BEAT = _starts("claim_tasks"), _starts("write_heartbeats")
+REAPER_PASS, REAPER_READ = _starts("claim_reaper_pass"), _starts("reaper_pass_due_in")
+NEXT_SLOT = _starts("next_slot_in")
+
+
+def _kind(tx: Transaction) -> str:
+    """What a transaction of a worker is, by its first statement; a claim that updated no row
+    (its command tag says so) is a read: it wrote nothing."""
+    label = tx.label
+    if not tx.tags:  # psycopg prepares a statement on its 6th run: a Parse alone, once
+        return "prepare"
+    if label.startswith(CLAIM):
+        return "empty claim (read)" if tx.tags == ("UPDATE 0",) else "claim"
+    for head, kind in ((BEAT, "heartbeat"), (REAPER_PASS, "reaper pass"), (REAPER_READ, "reaper read")):
+        if label.startswith(head):
+            return kind
+    if label.startswith(NEXT_SLOT):
+        return "scheduler read"
+    return f"other: {label}"
+
+
+def _steady(proxy: WireCounter, beats: int) -> bool:
+    """Start-up is over: ``beats`` heartbeats written, a reaper pass done, the claim prepared."""
+    kinds = [_kind(t) for t in proxy.transactions()]
+    prepared = any(t.prepares and t.application_name == "tether-worker" for t in proxy.round_trips())
+    return kinds.count("heartbeat") >= beats and "reaper pass" in kinds and prepared
+
+
+@pytest.mark.timing
+@pytest.mark.direct_only(
+    "counts the transactions between a worker and its server through a proxy of its own, in "
+    "place of any pooler"
+)
+def test_an_idle_worker_commits_its_heartbeat_and_the_reaper_pass_and_claims_only_read(
+    db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory
+) -> None:
+    """Every transaction of an idle worker, counted on the wire (tests/wire_counter.py) and
+    accounted for. The default settings' shape, scaled down so that a 10 s window holds five
+    heartbeat intervals: heartbeats and the reaper's check interval equal (30 s by default,
+    2 s here), the poll at its default 1 s."""
+    interval = 2.0
+    env = {
+        "TETHER_WORKER_POLL_INTERVAL_MS": "1000",
+        "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "2000",
+        "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": "2000",
+        "TETHER_CLAIMED_STALE_THRESHOLD_MS": "120000",
+        "TETHER_RUNNING_STALE_THRESHOLD_MS": "300000",
+        "TETHER_CHECK_INTERVAL_MS": "2000",
+        "TETHER_DATABASE_URL": proxy.url,
+    }
+    worker = workers.start(APP, "--processes", "1", env=env)
+    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
+    wait_until(lambda: _steady(proxy, beats=2), timeout=30, interval=0.05, message="the start-up to end")
+
+    t0 = time.monotonic()
+    time.sleep(WINDOW_S)
+    txs = proxy.transactions(t0, t0 + WINDOW_S)
+    assert worker.proc.poll() is None, worker.log()
+    kinds = [_kind(t) for t in txs]
+    breakdown = f"{len(txs)} transactions in {WINDOW_S:g}s:\n{WireCounter.transaction_summary(txs)}"
+    intervals = WINDOW_S / interval
+
+    assert all(t.committed for t in txs), breakdown
+    # Every transaction is one of these: nothing else runs while the worker idles (the
+    # listener sits in LISTEN and sends nothing; the scheduler's look rides on the beat; a
+    # reaper that did the last pass claims the next without reading first).
+    assert set(kinds) <= {"heartbeat", "reaper pass", "empty claim (read)", "prepare"}, breakdown
+    assert kinds.count("prepare") <= 2, breakdown  # the heartbeat's and the pass's, once each
+    # The claims found nothing and wrote nothing: one per poll (and one at an edge).
+    polls = int(WINDOW_S / 1.0)
+    assert polls - 2 <= kinds.count("empty claim (read)") <= polls + 1, breakdown
+    # What writes: the heartbeat, once per interval, and (alone in its fleet, this worker
+    # does every pass) the reaper's pass, once per check interval. An edge may add one each.
+    assert intervals - 1 <= kinds.count("heartbeat") <= intervals + 1, breakdown
+    assert kinds.count("reaper pass") <= intervals + 1, breakdown
+    print(f"\n{breakdown}")
+
+
+@pytest.mark.timing
+@pytest.mark.direct_only(
+    "counts the transactions between a worker and its server through a proxy of its own, in "
+    "place of any pooler"
+)
+def test_a_worker_whose_children_are_all_busy_commits_twice_a_second_and_does_not_poll(
+    db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory, basic: Any
+) -> None:
+    """commits_per_second's shape (bench/README.md) on two children: every child runs a long
+    task, heartbeats and the reaper's check every second, the default prefetch (room for 8
+    tasks, 2 of them taken). A poll could only find tasks to hold until a child frees: it
+    waits for that (claim_triggers.py). At most 2 transactions a second: the beat and the
+    reaper's pass. Then, with nothing notifying (no waiter row), a task sent meanwhile is
+    claimed as soon as a child frees: the deferred poll."""
+    env = {
+        "TETHER_WORKER_POLL_INTERVAL_MS": "1000",
+        "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "1000",
+        "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": "1000",
+        "TETHER_CLAIMED_STALE_THRESHOLD_MS": "2000",
+        "TETHER_RUNNING_STALE_THRESHOLD_MS": "2000",
+        "TETHER_CHECK_INTERVAL_MS": "1000",
+        "TETHER_DATABASE_URL": proxy.url,
+    }
+    # No async child: an idle one would have room to run what a poll finds.
+    worker = workers.start(APP, "--processes", "2", "--async-processes", "0", env=env)
+    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
+    long_s = WINDOW_S + 8.0
+    first = basic.sleep.send(long_s)
+    second = basic.sleep.send(long_s + 3.0)
+    wait_until(
+        lambda: (
+            db.execute(
+                "SELECT count(*) AS n FROM tether_tasks WHERE status = 'RUNNING' AND id = ANY(%s)",
+                ([first.id, second.id],),
+            ).fetchone()["n"]
+            == 2
+        ),
+        timeout=30,
+        message="both tasks to run",
+    )
+    since = time.monotonic()
+    # Steady: runner heartbeats relayed, a pass done since both started, a poll due and waiting.
+    wait_until(
+        lambda: sum(_kind(t) == "heartbeat" for t in proxy.transactions(since)) >= 2,
+        timeout=30,
+        interval=0.05,
+        message="two beats since both tasks started",
+    )
+
+    t0 = time.monotonic()
+    time.sleep(WINDOW_S / 2)
+    # Nobody is told of the next send: only a poll can find it.
+    db.execute("DELETE FROM tether_queue_waiters")
+    third = basic.add.send(1, 2)
+    time.sleep(WINDOW_S / 2)
+    txs = proxy.transactions(t0, t0 + WINDOW_S)
+    kinds = [_kind(t) for t in txs]
+    breakdown = f"{len(txs)} transactions in {WINDOW_S:g}s:\n{WireCounter.transaction_summary(txs)}"
+    assert worker.proc.poll() is None, worker.log()
+    assert set(kinds) <= {"heartbeat", "reaper pass", "prepare"}, breakdown  # no claim: no child was free
+    assert len(txs) <= 2 * WINDOW_S + 2, breakdown
+    assert kinds.count("heartbeat") >= WINDOW_S - 1, breakdown
+    assert db.execute("SELECT status FROM tether_tasks WHERE id = %s", (third.id,)).fetchone() == {
+        "status": "PENDING"
+    }
+
+    # The first child frees: the poll that waited claims at once.
+    assert third.get(timeout=30).ok == 3, worker.log()
+    row = db.execute(
+        "SELECT (SELECT claimed_at FROM tether_tasks WHERE id = %s) - completed_at AS after"
+        " FROM tether_tasks WHERE id = %s",
+        (third.id, first.id),
+    ).fetchone()
+    assert row is not None and row["after"].total_seconds() < 0.5, row
+    print(f"\n{breakdown}\nclaimed {row['after'].total_seconds() * 1000:.0f} ms after the first child freed")
 
 
 @pytest.mark.direct_only(

@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from tether.broker import answers, manual_recovery
 from tether.broker.identity import DatabaseIdentity, database_identity
+from tether.broker.loop_connections import LoopConnections
 from tether.broker.manual_recovery import Rules, check_positive
 from tether.broker.recovery import StaleTask
 from tether.config import PostgresConfig
@@ -58,6 +59,8 @@ class PostgresBroker:
         self._pid = os.getpid()
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
         self._identity: DatabaseIdentity | None = None
+        # send_async()'s own connection per event loop (loop_connections.py says why).
+        self.loop_connections = LoopConnections(lambda: self.url, config)
 
     # -- where and how -------------------------------------------------------
 
@@ -265,6 +268,7 @@ class PostgresBroker:
     # -- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
+        self.loop_connections.close_all()
         if self._pool is not None and os.getpid() == self._pid:
             self._pool.close()
         self._pool = None

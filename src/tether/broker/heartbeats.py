@@ -41,18 +41,30 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class BeatAnswer:
-    """What a beat learned: the tasks reported that the worker no longer holds, and the
-    RUNNING ones it holds whose cancel was requested."""
+    """What a beat learned: the tasks reported that the worker no longer holds, the
+    RUNNING ones it holds whose cancel was requested, and the seconds until the next slot
+    of its queues' live schedules (None: there is none; ``slots_read`` False: not read)."""
 
     lost: frozenset[str] = frozenset()
     cancel_requested: frozenset[str] = frozenset()
+    next_slot_in: float | None = None
+    slots_read: bool = False
+    sent_at: float = 0.0  # time.monotonic() when the beat was sent (set by its writer)
 
 
 async def write_heartbeats(
-    conn: AsyncConn, *, worker_id: str, hostname: str, beat: Beat, snapshot: Snapshot | None
+    conn: AsyncConn,
+    *,
+    worker_id: str,
+    hostname: str,
+    beat: Beat,
+    snapshot: Snapshot | None,
+    queues: list[str] | None = None,
 ) -> BeatAnswer:
-    """Write the beat; returns what the database said of the tasks reported."""
+    """Write the beat; returns what the database said of the tasks reported, and when the
+    next slot of the schedules of ``queues`` comes."""
     params: dict[str, Any] = {
+        "queues": queues or [],
         "worker_id": worker_id,
         "hostname": hostname,
         "task_ids": beat.task_ids,
@@ -69,7 +81,13 @@ async def write_heartbeats(
     row = await cur.fetchone()
     if row is None:
         return BeatAnswer()
-    return BeatAnswer(frozenset(row["lost"]), frozenset(row["cancel_requested"]))
+    slot = row["next_slot_in_s"]
+    return BeatAnswer(
+        frozenset(row["lost"]),
+        frozenset(row["cancel_requested"]),
+        None if slot is None else float(slot),
+        slots_read=queues is not None,
+    )
 
 
 def report_progress(conn: Conn, task_id: str, attempt: int, worker_id: str, progress: Any) -> bool:

@@ -27,6 +27,9 @@ class OneSend:
     kwargs: str
 
     all_or_none = False
+    # One statement whose repeat after a lost connection is safe (below): send_async() may
+    # write it on its loop's own connection (broker/loop_connections.py).
+    on_loop_connection = True
     # An insert whose commit got through just before its connection broke meets its own
     # row when run() repeats it on another: taken as done (the id is the client's).
     repeatable = True

@@ -5,14 +5,20 @@ from sync or from async code. Every kind of send runs through ``Route``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
+
+import psycopg
 
 from tether import tracing
 from tether.app_view import AppView
+from tether.broker.loop_connections import Tried
 from tether.broker.types import AsyncCallerConn, AsyncConn, CallerConn, Conn
 from tether.caller_transaction import run_in, run_in_async
 from tether.offload import in_thread
+
+log = logging.getLogger("tether.sending")
 
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)
@@ -75,4 +81,16 @@ class Route:
                     plan, lambda: run_in_async(self.app.broker, lent, call, plan.write_async)
                 )
             return await run_in_async(self.app.broker, lent, call, plan.write_async)
+        if getattr(plan, "on_loop_connection", False) and not self.app.config.tracing:
+            # One statement, its own transaction: on the loop's own connection when it is free
+            # (broker/loop_connections.py), without the hand-off to a thread.
+            tried, written = await self.app.broker.loop_connections.run(plan.write_async)
+            if tried is Tried.WRITTEN:
+                return written  # type: ignore[return-value]
+            if tried is Tried.LOST:  # it may have committed: a repeat that meets its row is done
+                try:
+                    return await in_thread(lambda: self.run(plan, call))
+                except psycopg.errors.UniqueViolation:
+                    log.info("the send had committed before its connection was lost")
+                    return cast(W, None)
         return await in_thread(lambda: self.run(plan, call))

@@ -5,6 +5,13 @@ sleeps until woken. Sources of "there may be work": a notification for work due
 now, a timer for work due later, the listener (re)connecting, a claim that came
 back full, and the fallback poll, so that nothing depends on a notification
 arriving. A freed slot or a stop request only wakes the loop.
+
+The poll is kept apart (``poll_due``): it looks for work a notification may have failed to
+announce, and such work can only wait in this worker until a child is free to run it. So
+the claim loop polls only while a child is idle (claimer.py), and a poll that came while
+every child was busy waits, due, for the first child to free (it then claims at once).
+A worker whose children all run long tasks costs no claim per poll interval for room it
+has only to prefetch into (docs/operations.md, what an idle worker costs).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ class ClaimTriggers:
     def __init__(self, poll_interval_s: float) -> None:
         self.poll_interval_s = poll_interval_s
         self.maybe_more = True
+        # The fallback poll's time came and no claim has looked since (see the module's doc).
+        self.poll_due = False
         self._event = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None  # for the earliest of _dues
         # Every delayed task announced and not yet due (loop times), earliest first: a timer
@@ -101,6 +110,7 @@ class ClaimTriggers:
         the claim runs (for a row it may not see) must still trigger the next one.
         """
         self.maybe_more = False
+        self.poll_due = False
         told = self._notes != self._notes_seen
         self._notes_seen = self._notes
         return told
@@ -129,7 +139,9 @@ class ClaimTriggers:
         self._event.clear()
 
     def _on_poll(self) -> None:
-        self.work_may_wait()  # the fallback: nothing depends on a notification arriving
+        # The fallback: nothing depends on a notification arriving. Due until a claim looks.
+        self.poll_due = True
+        self._event.set()
 
     def close(self) -> None:
         self._dues = []

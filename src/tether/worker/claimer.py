@@ -126,9 +126,13 @@ class Claimer:
         # A claim that found nothing says so only of the kinds it had room for: a kind that
         # had none (its children were full) may find work now that it has room.
         unseen = (self._blind[0] and other > 0) or (self._blind[1] and in_async > 0)
-        if self._limited_waits_for_child and max(self._idle_children()) > 0:
+        idle = max(self._idle_children()) > 0
+        if self._limited_waits_for_child and idle:
             unseen = True
-        return (other or in_async) > 0 and (self.triggers.maybe_more or unseen) and self.may_claim()
+        # The poll only while a child is idle: with every child busy, what it could find would
+        # wait here for a free child anyway (prefetch). Deferred, it claims when one frees.
+        polled = self.triggers.poll_due and idle
+        return (other or in_async) > 0 and (self.triggers.maybe_more or unseen or polled) and self.may_claim()
 
     async def claim_once(self) -> int:
         """One claim statement for what fits; returns how many tasks it claimed."""

@@ -13,6 +13,7 @@ to send the database's answer (tasks no longer ours; heartbeats getting through)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Protocol
@@ -86,8 +87,16 @@ class Heartbeat(Service):
     failure_level = logging.WARNING
 
     def __init__(
-        self, url: str, config: AppConfig, worker_id: str, hostname: str, source: BeatSource, every: float
+        self,
+        url: str,
+        config: AppConfig,
+        worker_id: str,
+        hostname: str,
+        source: BeatSource,
+        every: float,
+        queues: list[str] | None = None,
     ) -> None:
+        """``queues``: the beat also reads when their schedules' next slot comes (BeatAnswer)."""
         retry = min(every, RETRY_AFTER_FAILURE_S)
         super().__init__(Backoff(retry, retry))
         self.connection = AsyncDedicatedConnection(url, config, "heartbeat")
@@ -95,6 +104,7 @@ class Heartbeat(Service):
         self.hostname = hostname
         self.source = source
         self.every = every
+        self.queues = queues
         self.beats = 0  # written so far
         self.last_ok = time.monotonic()  # when the last beat got through (the isolation watch reads it)
         self._tried = False
@@ -118,7 +128,12 @@ class Heartbeat(Service):
             sent = time.monotonic()
             answer = await asyncio.wait_for(
                 heartbeats.write_heartbeats(
-                    conn, worker_id=self.worker_id, hostname=self.hostname, beat=beat, snapshot=snapshot
+                    conn,
+                    worker_id=self.worker_id,
+                    hostname=self.hostname,
+                    beat=beat,
+                    snapshot=snapshot,
+                    queues=self.queues,
                 ),
                 self.every,
             )
@@ -131,7 +146,7 @@ class Heartbeat(Service):
         # the answer took to come back.
         self.last_ok = sent
         self.beats += 1
-        self.source.answered(answer)
+        self.source.answered(dataclasses.replace(answer, sent_at=sent))
         await self._record_recoveries(conn)
         # Beats are sent an interval apart, however long each took: the gaps the reaper sees
         # stay one interval, not an interval plus a round trip.

@@ -331,7 +331,9 @@ class StartedWorker:
             ),
         )
         every = interval_s(config.recovery)
-        heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every)
+        # The beat also reads when the next slot of these queues' schedules comes: the
+        # scheduler's periodic look rides on it (answered() hands it over).
+        heartbeat = Heartbeat(url, config, me, worker.identity.hostname, self, every, list(worker.queues))
         # The reaper, the scheduler and startup reconciliation take turns on one connection.
         self.maintenance = SharedConnection(url, config, "maintenance")
         self.scheduler = Scheduler(
@@ -596,6 +598,8 @@ class StartedWorker:
         lost = set(answer.lost)
         if self.isolation.isolated:
             self.isolation.rejoin(lost)
+        if answer.slots_read:
+            self.scheduler.heard(answer.next_slot_in, answer.sent_at)
         for task_id in answer.cancel_requested:  # a tether_control notification may have been missed
             self.cancels.request(task_id)
         if lost:

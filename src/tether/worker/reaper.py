@@ -1,10 +1,11 @@
 """The reaper, a background service (services.py): runs in every worker; for the whole fleet,
 one pass per due moment (broker/reaper_passes.py, one row of tether_reaper).
 
-A tick first reads when the fleet's next pass is due (one statement). Not yet: it sleeps
-until then. Due: it claims the pass in the transaction that does it, and only one worker
-gets it. A pass, in this order: expire PENDING tasks past good_until; requeue stale
-CLAIMED; retry or fail stale RUNNING; mark silent workers inactive; read the workflow
+A tick first reads when the fleet's next pass is due (one statement; not after a pass of
+its own, whose next moment it set itself). Not yet: it sleeps until then. Due: it claims
+the pass in the transaction that does it, and only one worker gets it. A pass, in this
+order: expire PENDING tasks past good_until; requeue stale CLAIMED; retry or fail stale
+RUNNING; mark silent workers inactive; read the workflow
 steps to reconcile and when the next task turns stale or expires; write that moment to the
 row as the fleet's next pass (all in one transaction); then reconcile workflow steps and
 finish workflows, one transaction per workflow and only when there is any; then, at most
@@ -77,6 +78,7 @@ class Reaper(Service):
         self.retention = Retention(self.config)
         self.last: recovery.Recovered | None = None  # what this tick's pass did (None: no pass here)
         self.passes = 0  # passes this worker did
+        self._did_last_pass = False  # this worker did the fleet's last pass (as far as it knows)
 
     async def tick(self) -> float:
         """One tick (in a thread); the seconds until the next, with jitter: 0 when a step filled its batch."""
@@ -103,33 +105,37 @@ class Reaper(Service):
         The pass is None when it was not this worker's to do: not due yet (one read), or
         another worker claimed it. A pass is one transaction, the claim, the next due
         moment and the workflow steps to reconcile included (heartbeat + reaper = 2
-        commits per interval for the worker that does the pass, 1 for the others).
+        commits per interval for the worker that does the pass, 1 for the others; the
+        others' ticks are reads).
         """
         cfg = self.config
-        due = reaper_passes.due_in(conn, cfg.check_interval_ms)
-        if due.due_in_s > 0:
-            if self.retention.behind:  # not the fleet's pass, but this worker's pruning goes on
-                self.retention.run(conn)
-                if self.retention.behind:
-                    return None, PRUNE_AGAIN_S
-            return None, self._clamp(due.due_in_s)
-        if due.running:
-            return None, self._busy_sleep()
+        # A worker that did the last pass set the moment of the next itself, and sleeps until
+        # then: it claims at once, without the read first (the claim says so if another worker
+        # moved the moment meanwhile). A lone worker's pass is then one transaction, not two.
+        if not self._did_last_pass:
+            due = reaper_passes.due_in(conn, cfg.check_interval_ms)
+            if due.due_in_s > 0:
+                return None, self._not_due(conn, due.due_in_s)
+            if due.running:
+                return None, self._busy_sleep()
         stuck: dict[uuid.UUID, list[uuid.UUID]] = {}
         unfinished: list[uuid.UUID] = []
+        done, wait = recovery.Recovered(), 0.0
         with conn.transaction():
             turn = reaper_passes.claim(conn, self.worker_id, cfg.check_interval_ms)
-            if turn.pass_number is None:
-                if turn.due_in_s > 0:  # another worker claimed it first
-                    return None, self._clamp(turn.due_in_s)
-                return None, self._busy_sleep()  # another worker is doing it now
-            done = self._act(conn)
-            # Read in this transaction, so the steps of tasks failed just now are found.
-            stuck = workflow_recovery.find_stuck(conn)
-            unfinished = workflow_recovery.find_unfinished(conn)
-            more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
-            wait = 0.0 if more else self._sleep_for(conn)
-            reaper_passes.schedule_next(conn, wait)
+            self._did_last_pass = turn.pass_number is not None
+            if turn.pass_number is not None:
+                done = self._act(conn)
+                # Read in this transaction, so the steps of tasks failed just now are found.
+                stuck = workflow_recovery.find_stuck(conn)
+                unfinished = workflow_recovery.find_unfinished(conn)
+                more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
+                wait = 0.0 if more else self._sleep_for(conn)
+                reaper_passes.schedule_next(conn, wait)
+        if turn.pass_number is None:
+            if turn.due_in_s > 0:  # another worker claimed it first (or moved the moment)
+                return None, self._not_due(conn, turn.due_in_s)
+            return None, self._busy_sleep()  # another worker is doing it now
         self.passes += 1
         log.debug(
             "reaper pass %d done by worker %s; the next is due in %.2fs",
@@ -150,6 +156,14 @@ class Reaper(Service):
         if self.retention.behind:
             wait = min(wait, PRUNE_AGAIN_S)
         return done, wait
+
+    def _not_due(self, conn: Conn, due_in_s: float) -> float:
+        """Not the fleet's pass yet: this worker's pruning goes on if it is behind."""
+        if self.retention.behind:
+            self.retention.run(conn)
+            if self.retention.behind:
+                return PRUNE_AGAIN_S
+        return self._clamp(due_in_s)
 
     def _act(self, conn: Conn) -> recovery.Recovered:
         cfg = self.config

@@ -12,7 +12,10 @@ the last word if anything else slips through.
 
 It wakes early when a schedule of its queues is declared, paused or resumed (NOTIFY
 'tether_schedules', through the work listener), and looks at least every check interval
-whatever it was told: nothing depends on a notification arriving. On a database error
+whatever it was told: nothing depends on a notification arriving. That look is no
+transaction of its own while the heartbeat tells it: each beat reads when the next slot
+comes (heartbeats.sql) and hands it over (``heard``), and a tick that no notification woke
+takes the beat's answer while it is younger than 1.5 check intervals. On a database error
 it tries again after 0.5 s, backing off up to the check interval.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from uuid import UUID
@@ -40,6 +44,10 @@ log = logging.getLogger("tether.scheduler")
 
 # Slots are due from their instant on: wake a little after it, never before.
 AFTER_DUE_S = 0.002
+# A heartbeat's read of the next slot stands for the scheduler's own look while younger than
+# this many check intervals. Beats come a heartbeat interval apart (by default the check
+# interval too), and one a little late must not cost a read: the slack is for that.
+HEARD_FRESH_FOR = 1.5
 
 
 class Scheduler(Service):
@@ -63,8 +71,26 @@ class Scheduler(Service):
         self.declared = list(declared)
         self._synced = False
         self._crons: dict[tuple[str, str], Cron] = {}
+        # The heartbeat's last answer: (time.monotonic() when read, seconds to the next slot).
+        self._heard: tuple[float, float | None] | None = None
+        self._told = True  # woken by a notification (or never looked): read, do not trust _heard
 
-    # wake(), inherited: a schedule of these queues changed (the work listener calls it).
+    def wake(self) -> None:
+        """A schedule of these queues changed (the work listener calls it): read afresh."""
+        self._told = True
+        super().wake()
+
+    def heard(self, next_slot_in: float | None, read_at: float) -> None:
+        """What a heartbeat read of the next slot (None: no live schedule for these queues),
+        in a statement sent at ``read_at`` (time.monotonic()); called from the event loop.
+        An answer older than the last one kept is dropped; a slot sooner than the one
+        this tick sleeps for wakes it."""
+        before = self._heard
+        if before is not None and before[0] > read_at:
+            return
+        self._heard = (read_at, next_slot_in)
+        if next_slot_in is not None and (before is None or _due_at(before) > _due_at(self._heard)):
+            self.woken.set()  # no fresh read needed: what the beat read is enough
 
     async def tick(self) -> float:
         """Send what is due (in a thread); the seconds until the next slot, at most the check interval."""
@@ -84,15 +110,37 @@ class Scheduler(Service):
         if not self._synced:
             sync_declared(conn, self.declared, self.queues)
             self._synced = True
-        # Most ticks find nothing due (a fleet ticks every check interval per worker): one
-        # read outside any transaction says so, and when the next slot comes.
-        ahead = schedules.next_slot_in(conn, self.queues)
+        # Most ticks find nothing due (a fleet ticks every check interval per worker): the
+        # heartbeat's last read says so, or one read outside any transaction, and when the
+        # next slot comes.
+        ahead = self._ahead_heard()
+        if ahead is False:
+            ahead = self._read_next_slot(conn)
         if ahead is None or ahead > 0:
             return self._until(ahead)
         with conn.transaction():
             for due in schedules.lock_due_schedules(conn, self.queues):
                 self._send_due(conn, due)
-            return self._until(schedules.next_slot_in(conn, self.queues))
+            return self._until(self._read_next_slot(conn))
+
+    def _read_next_slot(self, conn: Conn) -> float | None:
+        """Read when the next slot comes; kept as the latest answer (newer than any beat's so far)."""
+        read_at = time.monotonic()
+        ahead = schedules.next_slot_in(conn, self.queues)
+        self._heard = (read_at, ahead)
+        return ahead
+
+    def _ahead_heard(self) -> float | bool | None:
+        """Seconds to the next slot as the heartbeat last read them (None: no schedule), or
+        False when that is no answer: woken by a notification, or too old (HEARD_FRESH_FOR)."""
+        told, self._told = self._told, False
+        heard = self._heard
+        if told or heard is None:
+            return False
+        age = time.monotonic() - heard[0]
+        if age >= HEARD_FRESH_FOR * self.max_sleep_s:
+            return False
+        return None if heard[1] is None else heard[1] - age
 
     def _until(self, wait: float | None) -> float:
         """Until the next slot (None: there is none), at most the check interval."""
@@ -152,6 +200,11 @@ class Scheduler(Service):
             sent=len(sent),
             skipped=plan.skipped + skipped_by_overlap,
         )
+
+
+def _due_at(heard: tuple[float, float | None]) -> float:
+    """The monotonic time of the next slot a heartbeat read (inf: none)."""
+    return float("inf") if heard[1] is None else heard[0] + heard[1]
 
 
 def _local(cron: Cron, slot: datetime) -> str:

@@ -5,6 +5,9 @@
 -- worker still owns in the expected state; the others come back as 'lost'. The
 -- RUNNING ones whose cancel was requested come back too: the fallback for a
 -- tether_control notification the worker's listener missed (while reconnecting).
+-- The beat also reads when the next slot of the worker's queues' live schedules comes
+-- (as schedules.sql next_slot_in): the scheduler's look at least every check interval
+-- rides on it instead of a transaction of its own (worker/scheduler.py).
 
 -- name: write_heartbeats
 WITH me AS (
@@ -37,7 +40,9 @@ SELECT (SELECT count(*) FROM me) AS registered,
        (SELECT count(*) FROM snapshot) AS snapshots,
        coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status IS NULL), '{}') AS lost,
        coalesce((SELECT array_agg(task_id::text) FROM owned WHERE status = 'RUNNING' AND cancel_requested),
-                '{}') AS cancel_requested;
+                '{}') AS cancel_requested,
+       (SELECT extract(epoch FROM min(s.next_slot) - now())::float8 FROM tether_schedules s
+        WHERE s.queue = ANY(%(queues)s::text[]) AND NOT s.paused AND s.removed_at IS NULL) AS next_slot_in_s;
 
 -- name: report_progress
 -- From inside a task: stored on the row, and it counts as a runner heartbeat.
