@@ -203,7 +203,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             conn,
             protocol.DONE,
             id=current.id,
-            status=settled or "LOST",
+            status="SUSPENDED" if settled == "PENDING" and outcome.suspension else settled or "LOST",
             next_id=next_task.id if next_task else None,
             next_lost=next_task is not None and not next_started,
             # For the worker's metrics (tether.metrics): the main process counts for its children.
