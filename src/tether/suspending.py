@@ -43,9 +43,13 @@ def seconds_of(value: Any, argument: str, *, what: str) -> float:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        raise StepError(f"{what}: {argument} must be a number of seconds or a timedelta, got {type(value).__name__}")
+        raise StepError(
+            f"{what}: {argument} must be a number of seconds or a timedelta, got {type(value).__name__}"
+        )
     if math.isnan(seconds) or seconds < 0 or seconds > MAX_DELAY_S:
-        raise StepError(f"{what}: {argument} must be between 0 and {MAX_DELAY_S:g} seconds (366 days), got {value!r}")
+        raise StepError(
+            f"{what}: {argument} must be between 0 and {MAX_DELAY_S:g} seconds (366 days), got {value!r}"
+        )
     return seconds
 
 

@@ -78,12 +78,12 @@ def suspend_task(
             conn.execute(q("lock_event_key"), {"key": key})
         row = conn.execute(q("suspend_task"), params).fetchone()
     assert row is not None  # one row always
-    return Suspended(bool(row["held"]), bool(row["cancel_requested"]), row["resume_at"], bool(row["delivered"]))
+    return Suspended(
+        bool(row["held"]), bool(row["cancel_requested"]), row["resume_at"], bool(row["delivered"])
+    )
 
 
-def take_event(
-    conn: Conn, *, task_id: str, attempt: int, worker_id: str, occurrence: int, key: str
-) -> Taken:
+def take_event(conn: Conn, *, task_id: str, attempt: int, worker_id: str, occurrence: int, key: str) -> Taken:
     """For a wait_for_event call with no stored step: take the key's oldest undelivered event,
     or store the timeout of this occurrence's wait if it has passed; fenced like a step write."""
     params = {

@@ -457,7 +457,12 @@ class Recorder:
         taken, retried = self._with_retry(
             f"taking event {key!r} for task {task.id}",
             lambda c: suspensions.take_event(
-                c, task_id=task.id, attempt=task.attempt, worker_id=self.worker_id, occurrence=occurrence, key=key
+                c,
+                task_id=task.id,
+                attempt=task.attempt,
+                worker_id=self.worker_id,
+                occurrence=occurrence,
+                key=key,
             ),
         )
         if not taken.held:
