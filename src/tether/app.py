@@ -307,7 +307,7 @@ class Tether:
         a key goes to the next waiter. EventError for a bad key or a payload that is not JSON
         (nothing sent). In your transaction: ``app.with_options(connection=conn).send_event(...)``.
         """
-        return send_event(self, key, payload)
+        return send_event(self.broker, key, payload)
 
     def with_options(self, *, connection: Any) -> AppWithOptions:
         """The app's calls that can run in your transaction (``send_event``): ``connection`` is a

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.broker import suspensions
+from tether.broker import PostgresBroker, suspensions
 from tether.broker.types import CallerConn, Conn
 from tether.caller_transaction import check_connection, run_in
 from tether.suspending import check_key, encode_payload
@@ -31,7 +31,9 @@ class EventSent:
     delivered_to: uuid.UUID | None
 
 
-def send_event(app: Tether, key: str, payload: Any, connection: CallerConn | None = None) -> EventSent:
+def send_event(
+    broker: PostgresBroker, key: str, payload: Any, connection: CallerConn | None = None
+) -> EventSent:
     """Check, encode and send one event; ``connection``: the caller's, in its open transaction."""
     key = check_key(key, what="send_event")
     text = encode_payload(payload, what="send_event")
@@ -41,10 +43,10 @@ def send_event(app: Tether, key: str, payload: Any, connection: CallerConn | Non
         return EventSent(sent.event_id, None if sent.delivered_to is None else uuid.UUID(sent.delivered_to))
 
     if connection is not None:
-        return run_in(app.broker, connection, "send_event()", work)
+        return run_in(broker, connection, "send_event()", work)
     # Not repeated after a lost connection: a repeat whose first try had committed would send
     # the event twice (each send is one event).
-    with app.broker.connection() as conn:
+    with broker.connection() as conn:
         return work(conn)
 
 
@@ -57,4 +59,4 @@ class AppWithOptions:
 
     def send_event(self, key: str, payload: Any) -> EventSent:
         """app.send_event inside the lent connection's transaction (it commits with it)."""
-        return send_event(self.app, key, payload, self.connection)  # type: ignore[arg-type]
+        return send_event(self.app.broker, key, payload, self.connection)  # type: ignore[arg-type]
