@@ -123,7 +123,7 @@ def _taken(book: StepBook, taken: Taken, occurrence: int, key: str, delay: float
         )
     if taken.stored is None:
         if taken.remaining_s is not None:  # an open wait, resumed before its timeout: wait the rest
-            delay = None if math.isinf(taken.remaining_s) else taken.remaining_s
+            delay = taken.remaining_s
         raise TaskSuspended(EVENT_STEP, occurrence, delay, key)
     book.remember(EVENT_STEP, occurrence, taken.stored)
     return taken.stored

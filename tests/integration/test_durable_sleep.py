@@ -22,6 +22,7 @@ import pytest
 from tests.apps.support import attempt_rows, load_app_module, task_row
 from tests.chaos.conftest import FAST, check_history, ensure_chaos_ledger, runs, token, wait_status
 from tests.chaos.conftest import stopped_groups as stopped_groups  # the fixture, for the freeze
+from tests.cli_support import run, run_json
 from tests.conftest import WorkerFactory, wait_until
 
 APP = "tests.apps.sleeps:app"
@@ -149,11 +150,20 @@ def test_sleeps_count_no_retry(sleeps: ModuleType, db: Conn, workers: WorkerFact
     assert all(0 <= late < WAKE_BOUND_S for late in lateness(db, handle.id)), lateness(db, handle.id)
 
 
-def test_cancel_a_sleeping_task(sleeps: ModuleType, db: Conn, workers: WorkerFactory) -> None:
+def test_a_sleeping_task_is_shown_sleeping_and_can_be_cancelled(
+    sleeps: ModuleType, db: Conn, workers: WorkerFactory, database_url: str
+) -> None:
     workers.start(APP, *ONE_CHILD)
     tok = token()
     handle = sleeps.nap.send(tok, 60)
-    suspended(db, handle.id)
+    row = suspended(db, handle.id)
+    until = row["resume_at"].isoformat(sep=" ", timespec="seconds")
+    state = f"sleeping until {until} (after step 'before')"
+    shown = run_json(database_url, "task", str(handle.id))
+    assert (shown["status"], shown["suspension"]["state"]) == ("PENDING", state)
+    assert f"Suspended: {state}" in " ".join(run(database_url, "task", str(handle.id)).output.split())
+    listed = run(database_url, "tasks", "--status", "pending").output
+    assert "PENDING:" in listed and "sleeping" in listed, listed  # a narrow table wraps the rest
     assert handle.cancel()
     row = wait_status(db, handle.id, "CANCELLED", timeout=10)
     assert row["error_code"] == "TASK_CANCELLED"

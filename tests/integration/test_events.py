@@ -16,7 +16,7 @@ import pytest
 
 from tests.apps.support import attempt_rows, load_app_module, task_row
 from tests.chaos.conftest import check_history, ensure_chaos_ledger, runs, token, wait_status
-from tests.cli_support import tether_command
+from tests.cli_support import run_json, tether_command
 from tests.conftest import WorkerFactory, wait_until
 from tether.errors import EventError
 
@@ -142,12 +142,16 @@ def test_a_timeout_gives_event_timeout(sleeps: ModuleType, db: Conn, workers: Wo
 
 
 def test_a_send_in_the_callers_transaction_counts_only_if_it_commits(
-    sleeps: ModuleType, db: Conn, workers: WorkerFactory, direct_url: str
+    sleeps: ModuleType, db: Conn, workers: WorkerFactory, direct_url: str, database_url: str
 ) -> None:
+    """(And a waiting task is shown waiting by tether task ID.)"""
     workers.start(APP, *ONE_CHILD)
     tok, key = token(), f"tx:{token()}"
     handle = sleeps.wait_event.send(tok, key, 120)
-    waiting(db, handle.id, key)
+    row = waiting(db, handle.id, key)
+    timeout = row["resume_at"].isoformat(sep=" ", timespec="seconds")
+    shown = run_json(database_url, "task", str(handle.id))["suspension"]["state"]
+    assert shown == f"waiting for event {key!r} (timeout at {timeout}; after step 'before')"
     with psycopg.connect(direct_url) as conn:
         with conn.transaction(force_rollback=True):
             sent = sleeps.app.with_options(connection=conn).send_event(key, "rolled back")

@@ -40,7 +40,7 @@ class Suspended:
 class Taken:
     """What take_event found: held (False: a zombie), the stored step's JSON text (an event's
     payload, or its timeout; None: nothing yet, suspend), and the seconds left of an open wait
-    not yet timed out (None: none; inf: no timeout)."""
+    not yet timed out (None: none, or no timeout)."""
 
     held: bool
     stored: str | None
@@ -119,3 +119,51 @@ def send_event(conn: Conn, *, key: str, payload: str) -> EventSent:
         row = conn.execute(q("send_event"), {"key": key, "payload": payload}).fetchone()
     assert row is not None
     return EventSent(int(row["event_id"]), row["delivered_to"])
+
+
+@dataclass(frozen=True, slots=True)
+class SuspensionState:
+    """A PENDING task after a sleep or a wait: what it waits for (tether task ID, tether tasks)."""
+
+    task_id: str
+    run_at: datetime  # when it is due
+    event_key: str | None  # None: a sleep
+    waiting: bool  # a wait still open (False: its event came, it is due)
+    until: datetime | None  # the wait's timeout (None: none, or a sleep: see run_at)
+    after_step: str | None  # the last step of its own it completed (None: none yet)
+
+    def describe(self) -> str:
+        after = f"after step {self.after_step!r}" if self.after_step else "before any step"
+        if self.event_key is None:
+            return f"sleeping until {_when(self.run_at)} ({after})"
+        if not self.waiting:
+            return f"event {self.event_key!r} delivered: resuming ({after})"
+        timeout = "no timeout" if self.until is None else f"timeout at {_when(self.until)}"
+        return f"waiting for event {self.event_key!r} ({timeout}; {after})"
+
+
+    def short(self) -> str:
+        """For a list's status column (tether tasks)."""
+        if self.event_key is None:
+            return f"sleeping until {self.run_at:%H:%M:%S}"
+        return f"waiting for {self.event_key!r}" if self.waiting else "event delivered"
+
+
+def _when(at: datetime) -> str:
+    return at.isoformat(sep=" ", timespec="seconds")
+
+
+def suspension_states(conn: Conn, task_ids: list[str]) -> dict[str, SuspensionState]:
+    """The state of each of ``task_ids`` that is PENDING after a sleep or a wait (others absent)."""
+    rows = conn.execute(q("suspension_states"), {"ids": task_ids}).fetchall()
+    return {
+        row["id"]: SuspensionState(
+            row["id"],
+            row["run_at"],
+            row["event_key"],
+            row["waiting_for"] is not None,
+            row["until"],
+            row["after_step"],
+        )
+        for row in rows
+    }

@@ -1,4 +1,4 @@
-"""``tether send-event KEY [PAYLOAD]``: send an event to the task waiting for it (docs/durable-steps.md#events)."""
+"""``tether send-event KEY [PAYLOAD]``: an event for the task waiting for it (docs/durable-steps.md)."""
 
 from __future__ import annotations
 

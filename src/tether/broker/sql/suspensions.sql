@@ -20,7 +20,8 @@ SELECT pg_advisory_xact_lock(hashtextextended('tether.event:' || %(key)s::text, 
 -- ends: the attempt that resumes (only once that time has come) finds it and goes on.
 -- key set: a wait. An undelivered event of the key, if any (it came while the task ran),
 -- is taken at once: its step stored, the task due now. Else a wait row says what it
--- waits for, until when (delay NULL: no timeout, run_at 'infinity'), and a send_event
+-- waits for, until when (delay NULL: no timeout: until NULL, run_at 9999-12-31, nothing
+-- announced), and a send_event
 -- delivers into it. A cancel requested while the attempt ran wins: nothing is suspended
 -- (cancel_requested: the caller records the attempt CANCELLED instead).
 -- The due time is announced on tether_work as a retry's is, so an idle worker wakes for it
@@ -45,7 +46,7 @@ WITH fence AS (
     RETURNING e.id
 ), due AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM event) THEN now()
-                ELSE coalesce(now() + make_interval(secs => %(delay_s)s::float8), 'infinity') END AS at
+                ELSE coalesce(now() + make_interval(secs => %(delay_s)s::float8), '9999-12-31 00:00:00+00') END AS at
 ), step AS (
     INSERT INTO tether_task_steps (task_id, name, occurrence, result, attempt)
     SELECT go.id, %(name)s, %(occurrence)s,
@@ -57,14 +58,17 @@ WITH fence AS (
     ON CONFLICT (task_id, name, occurrence) DO NOTHING
 ), wait AS (
     INSERT INTO tether_event_waits (task_id, attempt, occurrence, key, until)
-    SELECT go.id, go.attempt, %(occurrence)s, %(key)s::text, due.at FROM go, due
+    SELECT go.id, go.attempt, %(occurrence)s, %(key)s::text,
+           CASE WHEN %(delay_s)s::float8 IS NOT NULL THEN due.at END
+    FROM go, due
     WHERE %(key)s::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM event)
     ON CONFLICT (task_id) DO UPDATE
         SET attempt = EXCLUDED.attempt, occurrence = EXCLUDED.occurrence, key = EXCLUDED.key,
             since = now(), until = EXCLUDED.until
 ), done AS (
     UPDATE tether_tasks t
-    SET status = 'PENDING', run_at = due.at, enqueued_at = CASE WHEN due.at < 'infinity' THEN due.at ELSE now() END,
+    SET status = 'PENDING', run_at = due.at,
+        enqueued_at = CASE WHEN due.at < '9999-12-31' THEN due.at ELSE now() END,
         next_retry_at = NULL, claimed_at = NULL, started_at = NULL, claimed_by_worker_id = NULL,
         updated_at = now()
     FROM go, due WHERE t.id = go.id
@@ -77,7 +81,7 @@ WITH fence AS (
     FROM go, due
 ), told AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text)
-    FROM done WHERE run_at < 'infinity'
+    FROM done WHERE run_at < '9999-12-31'
 )
 SELECT EXISTS (SELECT 1 FROM fence) AS held,
        coalesce((SELECT cancel_requested FROM fence), false) AS cancel_requested,
@@ -165,3 +169,16 @@ WITH waiter AS (
 )
 SELECT (SELECT id FROM stored) AS event_id, (SELECT task_id::text FROM waiter) AS delivered_to,
        (SELECT count(*) FROM told) AS notified;
+
+-- name: suspension_states
+-- What each given task, if PENDING after a sleep or a wait (its current attempt SUSPENDED),
+-- waits for: tether task ID and tether tasks show it. after_step: the last step of its own
+-- the task completed (tether's own sleeps and waits left out).
+SELECT t.id::text AS id, t.run_at, a.resume_at, a.event_key, w.key AS waiting_for, w.until,
+       (SELECT s.name FROM tether_task_steps s
+        WHERE s.task_id = t.id AND s.name NOT LIKE 'tether.%%'
+        ORDER BY s.written_at DESC, s.name DESC, s.occurrence DESC LIMIT 1) AS after_step
+FROM tether_tasks t
+JOIN tether_task_attempts a ON a.task_id = t.id AND a.attempt = t.attempt AND a.outcome = 'SUSPENDED'
+LEFT JOIN tether_event_waits w ON w.task_id = t.id AND w.attempt = t.attempt
+WHERE t.id = ANY(%(ids)s::uuid[]) AND t.status = 'PENDING';

@@ -42,6 +42,6 @@ CREATE TABLE tether_event_waits (
     occurrence integer     NOT NULL,
     key        text        NOT NULL,
     since      timestamptz NOT NULL DEFAULT now(),
-    until      timestamptz NOT NULL  -- 'infinity': no timeout
+    until      timestamptz           -- NULL: no timeout (the task's run_at is then 9999-12-31)
 );
 CREATE INDEX tether_event_waits_key_idx ON tether_event_waits (key, since, task_id);
