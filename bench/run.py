@@ -40,6 +40,7 @@ from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
 from bench.retention_pace import RETENTION_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
+from bench.sleeps import SLEEP_SCENARIOS
 from bench.steps import STEP_SCENARIOS
 from bench.transactions import TRANSACTION_SCENARIOS
 from bench.unique import UNIQUE_SCENARIOS
@@ -58,6 +59,7 @@ SCENARIOS = {
     **RETENTION_SCENARIOS,
     **LIMITS_SCENARIOS,
     **STEP_SCENARIOS,
+    **SLEEP_SCENARIOS,
 }
 
 
