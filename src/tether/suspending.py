@@ -26,7 +26,7 @@ from typing import Any
 from tether import codec
 from tether.broker.suspensions import EVENT_STEP, SLEEP_STEP, Taken
 from tether.errors import EventError, EventTimeoutError, StepError, StepLostError, TaskSuspended
-from tether.steps import STEP_NAME_MAX_CHARS, STEP_RESULT_MAX_BYTES, StepBook
+from tether.steps import STEP_NAME_MAX_CHARS, STEP_RESULT_MAX_BYTES, StepBook, _in_event_loop
 
 #: The longest sleep or wait timeout: 366 days (a longer one is surely a mistake of units).
 MAX_DELAY_S = 366 * 86_400.0
@@ -79,8 +79,18 @@ def encode_payload(payload: Any, *, what: str) -> str:
     return text
 
 
+def _not_in_loop(call: str) -> None:
+    """As step(): a sync call's database wait inside a running event loop would block every
+    task of the loop."""
+    if _in_event_loop():
+        raise StepError(
+            f"{call}() was called inside a running event loop; use `await current_task().{call}_async(...)`"
+        )
+
+
 def sleep(book: StepBook, seconds: float | timedelta) -> None:
     delay = seconds_of(seconds, "seconds", what="sleep")
+    _not_in_loop("sleep")
     occurrence, stored = book.lookup(SLEEP_STEP)
     if stored is None:
         raise TaskSuspended(SLEEP_STEP, occurrence, delay, None)
@@ -100,6 +110,7 @@ def _timeout_of(timeout: float | timedelta | None, what: str) -> float | None:
 def wait_for_event(book: StepBook, key: str, timeout: float | timedelta | None) -> Any:
     key = check_key(key, what="wait_for_event")
     delay = _timeout_of(timeout, "wait_for_event")
+    _not_in_loop("wait_for_event")
     occurrence, stored = book.lookup(EVENT_STEP)
     if stored is None:
         stored = _taken(book, book.store.take_event(occurrence, key), occurrence, key, delay)
