@@ -6,10 +6,12 @@ while they sleep, and how close to their due time they wake.
   worker runs with its metrics endpoint so its claims can be counted.
 - The cost while they sleep: over a quiet window (after the last one went to sleep, before
   the first is due), the claim statements the worker ran (``tether_claim_seconds_count``
-  from its metrics), the transactions committed in the bench database
-  (pg_stat_database.xact_commit) and the rows read from tether_tasks by every statement
-  (pg_stat_user_tables: idx_tup_fetch + seq_tup_read), against the same window of the same
-  worker idle with no task at all, measured just before (A/B, ``rounds`` times alternating).
+  from its metrics); then, over a second window as long, 11 s later (PostgreSQL 15 flushes
+  an idle backend's statistics up to 10 s late) and without a scrape, the transactions
+  committed in the bench database (pg_stat_database.xact_commit) and the rows read from
+  tether_tasks by every statement (pg_stat_user_tables: idx_tup_fetch + seq_tup_read); each
+  against the same windows of the same worker idle with no task at all, measured just
+  before (A/B, ``rounds`` times).
 - Lateness: for each task, the start of the attempt that resumed it minus the due time its
   sleep recorded (tether_task_attempts.resume_at), both database time; p50/p99/max.
 
@@ -28,6 +30,7 @@ from bench.scenarios import Context, Outcome, Row
 
 METRICS_PORT = 18101  # this bench's own (the helper's assigned range)
 WAKE_BOUND_S = 1.0
+STATS_SETTLE_S = 11.0
 
 
 def _claims(port: int) -> float:
@@ -42,22 +45,31 @@ def _claims(port: int) -> float:
 def _db_counters(ctx: Context) -> tuple[int, int]:
     ((commits, tuples),) = ctx.db.query(
         "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),"
-        " (SELECT coalesce(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_user_tables WHERE relname = 'tether_tasks')"
+        " (SELECT coalesce(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_user_tables"
+        "  WHERE relname = 'tether_tasks')"
     )
     return int(commits), int(tuples)
 
 
 def _window(ctx: Context, port: int, seconds: float) -> dict[str, float]:
-    """What the worker and the database did over ``seconds`` of quiet."""
+    """What the worker and the database did over ``seconds`` of quiet, in two windows: the
+    claims (two scrapes of the worker's metrics), then, STATS_SETTLE_S later, the database's
+    counters without a scrape (a scrape reads the queue gauges: up to 1,000 PENDING rows)."""
+    claims0 = _claims(port)
+    time.sleep(seconds)
+    claims = _claims(port) - claims0
+    # A backend flushes its statistics when idle at most every 10 s (PostgreSQL 15): what the
+    # burst before (or the scrape) did would otherwise land in the window.
+    time.sleep(STATS_SETTLE_S)
     ctx.db.query("SELECT pg_stat_clear_snapshot()")
-    claims0, (commits0, tuples0) = _claims(port), _db_counters(ctx)
+    commits0, tuples0 = _db_counters(ctx)
     time.sleep(seconds)
     ctx.db.query("SELECT pg_stat_clear_snapshot()")
-    claims1, (commits1, tuples1) = _claims(port), _db_counters(ctx)
+    commits1, tuples1 = _db_counters(ctx)
     return {
-        "claims": claims1 - claims0,
+        "claims": claims,
         "commits": float(commits1 - commits0),
-        "tasks_index_tuples": float(tuples1 - tuples0),
+        "tasks_rows_read": float(tuples1 - tuples0),
     }
 
 
@@ -73,13 +85,14 @@ def _round(ctx: Context, tasks: int, quiet_s: float, spread_s: float) -> dict[st
     worker = ctx.start_worker(processes=2, extra_args=("--metrics-port", str(METRICS_PORT)))
     try:
         worker.wait_registered()
-        time.sleep(2.0)  # past start-up's own claims and first heartbeats
+        time.sleep(STATS_SETTLE_S)  # past start-up's own claims, first heartbeats, statistics
         idle = _window(ctx, METRICS_PORT, quiet_s)  # A: the same worker, no task at all
 
         app = make_app(ctx.db.url)
         try:
             # Due after: the time to put them all to sleep (generous), then the quiet window.
-            start = time.time() + tasks / 400 + quiet_s + 5
+            before_due = tasks / 400 + STATS_SETTLE_S + 2 * quiet_s + STATS_SETTLE_S + 5
+            start = time.time() + before_due
             napper = app.tasks["napper"]
             napper.send_many([(start + spread_s * i / tasks,) for i in range(tasks)])
         finally:
@@ -97,7 +110,8 @@ def _round(ctx: Context, tasks: int, quiet_s: float, spread_s: float) -> dict[st
                 raise RuntimeError(f"only {asleep} of {tasks} tasks asleep: {count_by_status(ctx.db)}")
             time.sleep(0.2)
         asleep_at = time.time()
-        if asleep_at + quiet_s > start:
+        time.sleep(STATS_SETTLE_S)  # the burst's statistics flushed before the window
+        if time.time() + 2 * quiet_s + STATS_SETTLE_S > start:
             raise RuntimeError("the tasks took too long to go to sleep: no quiet window before the first due")
         sleeping = _window(ctx, METRICS_PORT, quiet_s)  # B: the same worker, 10,000 asleep
         wait_all_terminal(ctx.db, worker, timeout=300, interval=0.1)
@@ -115,7 +129,7 @@ def _round(ctx: Context, tasks: int, quiet_s: float, spread_s: float) -> dict[st
         "idle": idle,
         "sleeping": sleeping,
         "late": late,
-        "asleep_in_s": asleep_at - (start - tasks / 400 - quiet_s - 5),
+        "asleep_in_s": asleep_at - (start - before_due),
     }
 
 
@@ -138,8 +152,8 @@ def sleeps(ctx: Context) -> Outcome:
         f"{tasks:,} tasks asleep, 1 worker x 2 processes, {quiet_s:g} s quiet window, {rounds} round(s): "
         f"claims {span('sleeping', 'claims')} (idle, no tasks: {span('idle', 'claims')}), "
         f"transactions {span('sleeping', 'commits')} (idle: {span('idle', 'commits')}), "
-        f"tether_tasks rows read {span('sleeping', 'tasks_index_tuples')} "
-        f"(idle: {span('idle', 'tasks_index_tuples')}); woken over {spread_s:g} s: lateness "
+        f"tether_tasks rows read {span('sleeping', 'tasks_rows_read')} "
+        f"(idle: {span('idle', 'tasks_rows_read')}); woken over {spread_s:g} s: lateness "
         f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms"
     )
     worst_extra_claims = max(r["sleeping"]["claims"] - r["idle"]["claims"] for r in runs)
