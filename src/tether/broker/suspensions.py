@@ -142,6 +142,17 @@ class SuspensionState:
         return f"waiting for event {self.event_key!r} ({timeout}; {after})"
 
 
+    def as_json(self) -> dict[str, object]:
+        """For tether task ID --json: the fields and the line describe() gives."""
+        return {
+            "run_at": self.run_at,
+            "event_key": self.event_key,
+            "waiting": self.waiting,
+            "until": self.until,
+            "after_step": self.after_step,
+            "state": self.describe(),
+        }
+
     def short(self) -> str:
         """For a list's status column (tether tasks)."""
         if self.event_key is None:

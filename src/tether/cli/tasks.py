@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict
 
 import click
 from rich.table import Table
 
 from tether.broker import browse
-from tether.broker.suspensions import suspension_states
 from tether.broker.tasks import get_heartbeats, get_task
 from tether.cli import common
 from tether.ids import parse_task_id
@@ -85,6 +83,8 @@ def tasks(
     )
     rows = page.tasks
     # A PENDING task after a sleep or a wait says so in its status (docs/durable-steps.md).
+    from tether.broker.suspensions import suspension_states
+
     pending = [str(r.id) for r in rows if r.status == "PENDING"]
     states = common.open_broker(database_url).run(lambda c: suspension_states(c, pending)) if pending else {}
     if as_json:
@@ -141,10 +141,13 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     attempts = info.attempts
     beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
     stored = info.as_stored()  # the row as stored: its result as the JSON it is kept as
+    # A sleep or a wait: what the task waits for (docs/durable-steps.md#durable-sleep).
+    from tether.broker.suspensions import suspension_states
+
     state = broker.run(lambda conn: suspension_states(conn, [str(tid)])).get(str(tid))
+    stored["suspension"] = None if state is None else state.as_json()
     if as_json:
-        suspended = None if state is None else {**asdict(state), "state": state.describe()}
-        common.emit_json({**stored, "attempts": attempts, "heartbeats": beats, "suspension": suspended})
+        common.emit_json({**stored, "attempts": attempts, "heartbeats": beats})
         return
     fields = Table(title=f"Task {tid}", title_justify="left", show_header=False)
     for key in TASK_FIELDS:
