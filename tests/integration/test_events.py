@@ -206,3 +206,8 @@ def test_cancel_a_waiting_task_and_the_event_goes_to_the_next_waiter(
     sent = sleeps.app.send_event(key, "for whoever waits next")
     assert sent.delivered_to is None  # a cancelled waiter gets nothing
     assert events(db, key) == [("for whoever waits next", None)]
+    # Retried by hand, it waits afresh and takes the kept event at once.
+    assert handle.retry().retried
+    row = wait_status(db, handle.id, {"COMPLETED", "FAILED"}, timeout=30)
+    assert row["result"]["ok"]["payload"] == "for whoever waits next", row
+    assert db.execute("SELECT count(*) AS n FROM tether_event_waits").fetchone()["n"] == 0
