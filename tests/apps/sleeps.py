@@ -11,10 +11,21 @@ from datetime import timedelta
 from typing import Any
 
 from tests.apps.chaos import CRASH_RETRY, ledger
-from tether import AppConfig, ErrorCode, RetryPolicy, RunningTask, TaskError, TaskResult, Tether, current_task
+from tether import (
+    AppConfig,
+    ErrorCode,
+    QueueLimits,
+    RetryPolicy,
+    RunningTask,
+    TaskError,
+    TaskResult,
+    Tether,
+    current_task,
+)
 from tether.errors import EventTimeoutError
 
-app = Tether(AppConfig(queues=["default"]))
+# "one": at most one task in flight (docs/limits.md): a sleeping task must not hold that slot.
+app = Tether(AppConfig(queues=["default", "one"], queue_limits={"one": QueueLimits(max_in_flight=1)}))
 
 #: One retry of a crash or of TRANSIENT, at once: a sleep must not use it up.
 ONE_RETRY = RetryPolicy.fixed(

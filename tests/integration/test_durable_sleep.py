@@ -105,6 +105,25 @@ def test_a_sleeping_task_gives_its_slot_back_and_resumes_on_time(
 
 
 @pytest.mark.timing
+def test_a_sleeping_task_holds_no_slot_of_a_concurrency_limit(
+    sleeps: ModuleType, db: Conn, workers: WorkerFactory
+) -> None:
+    """Queue "one" lets one task be in flight (limited claims, docs/limits.md): while the first
+    sleeps, another runs to its end; then the first resumes on time."""
+    workers.start(APP, "--processes", "2", "--async-processes", "0", "--queues", "one")
+    tok = token()
+    handle = sleeps.nap.with_options(queue="one").send(tok, 3)
+    suspended(db, handle.id)
+    other = sleeps.quick.with_options(queue="one").send(tok)
+    assert other.get(timeout=10).ok == "quick"
+    assert task_row(db, handle.id)["status"] == "PENDING"
+    row = wait_status(db, handle.id, {"COMPLETED", "FAILED"}, timeout=30)
+    assert row["status"] == "COMPLETED", row
+    (late,) = lateness(db, handle.id)
+    assert 0 <= late < WAKE_BOUND_S, late
+
+
+@pytest.mark.timing
 def test_a_sleep_survives_the_death_of_every_worker(
     sleeps: ModuleType, db: Conn, workers: WorkerFactory
 ) -> None:

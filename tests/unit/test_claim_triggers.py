@@ -283,3 +283,18 @@ async def test_thousands_of_due_times_are_kept_coarser_never_dropped() -> None:
     assert last_due - DUE_NOW_S <= woke < last_due + grain + 0.5, (woke - last_due, grain)
     assert triggers._grain == 0.0  # exact again once the burst is over
     triggers.close()
+
+
+async def test_a_due_time_timer_says_so_once() -> None:
+    """The claim after a due-time timer looks everywhere delayed work may be (a limited
+    queue's tasks without a key, worker/limited_claimer.py): take_timed is True once."""
+    triggers = idle()
+    assert triggers.take_timed() is False
+    triggers.on_notification(0.05)
+    await woken_after(triggers)
+    assert triggers.take_timed() is True
+    assert triggers.take_timed() is False
+    triggers.on_notification(None)  # work due now is a notification, not a timer
+    await woken_after(triggers)
+    assert triggers.take_timed() is False
+    triggers.close()

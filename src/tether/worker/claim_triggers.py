@@ -43,6 +43,7 @@ class ClaimTriggers:
         self._due_set: set[float] = set()  # the same, for dropping repeats once coarsened
         self._grain = 0.0  # 0: due times kept exact; else each rounded up to a multiple of it
         self._recheck: asyncio.TimerHandle | None = None
+        self._timed = False  # a due-time timer fired since the last take_timed()
         self._notes = 0  # notifications of work due now, counted...
         self._notes_seen = 0  # ...and as of the last claim
 
@@ -108,7 +109,14 @@ class ClaimTriggers:
         if not self._dues:
             self._grain = 0.0  # the burst is over: exact again
         self._arm(loop)  # for the next delayed task announced
+        self._timed = True
         self.work_may_wait()
+
+    def take_timed(self) -> bool:
+        """True once after a due-time timer fired: delayed work (a durable sleep, a retry, a
+        scheduled send) is due now, and the claim should look everywhere it may be."""
+        timed, self._timed = self._timed, False
+        return timed
 
     def _on_recheck(self) -> None:
         self._recheck = None
