@@ -61,7 +61,8 @@ def suspend_task(
     key: str | None,
 ) -> Suspended:
     """Suspend the RUNNING attempt: a sleep of ``delay_s`` (key None), or a wait for ``key`` with
-    a timeout of ``delay_s`` (None: none). One transaction; a wait takes its key's lock first."""
+    a timeout of ``delay_s`` (None: none). A sleep is one statement, to run in autocommit; a
+    wait, one transaction that takes its key's lock first."""
     params = {
         "id": task_id,
         "attempt": attempt,
@@ -73,10 +74,12 @@ def suspend_task(
         "delay_s": delay_s,
         "key": key,
     }
-    with conn.transaction():
-        if key is not None:
-            conn.execute(q("lock_event_key"), {"key": key})
+    if key is None:  # a sleep: one statement (the worker's connections are in autocommit)
         row = conn.execute(q("suspend_task"), params).fetchone()
+    else:
+        with conn.transaction():
+            conn.execute(q("lock_event_key"), {"key": key})
+            row = conn.execute(q("suspend_task"), params).fetchone()
     assert row is not None  # one row always
     return Suspended(
         bool(row["held"]), bool(row["cancel_requested"]), row["resume_at"], bool(row["delivered"])
