@@ -1,8 +1,9 @@
 """The app the benchmarks run: workers load ``bench.apps:app``; producers call ``make_app``.
 
-Three tasks: ``noop`` (returns at once), ``hold(seconds)`` (sleeps: the long task the
+Four tasks: ``noop`` (returns at once), ``hold(seconds)`` (sleeps: the long task the
 recovery scenarios kill; no retry policy, so a crash FAILS it with WORKER_CRASHED) and
-``stepper(k)`` (k checkpointed no-op steps, bench/steps.py).
+``stepper(k)`` (k checkpointed no-op steps, bench/steps.py); ``napper(wake_at)`` sleeps durably
+until then (bench/sleeps.py).
 With TETHER_BENCH_SCHEDULE set (a cron expression), the app also sends ``noop`` by that
 schedule, named "bench" (the periodic_lateness scenario).
 
@@ -37,6 +38,14 @@ def _register(app: Tether) -> Tether:
         assert running is not None
         for i in range(k):
             running.step("s", _step_value, i)
+        return TaskResult(ok=None)
+
+    @app.task("napper")
+    def napper(wake_at: float) -> TaskResult[None, TaskError]:
+        """One durable sleep until ``wake_at`` (epoch seconds, this machine's clock), then done."""
+        running = current_task()
+        assert running is not None
+        running.sleep(max(0.0, wake_at - time.time()))
         return TaskResult(ok=None)
 
     schedule = os.environ.get("TETHER_BENCH_SCHEDULE")

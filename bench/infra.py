@@ -25,6 +25,8 @@ TASK_TABLES = (
     "tether_task_attempts",
     "tether_unique_keys",  # references tether_tasks: emptied with it
     "tether_task_steps",  # the same
+    "tether_events",  # the same (durable sleep and events, bench/sleeps.py)
+    "tether_event_waits",  # the same
     "tether_tasks",
     "tether_heartbeats",
     "tether_worker_states",

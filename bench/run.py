@@ -41,6 +41,7 @@ from bench.recovery import RECOVERY_SCENARIOS
 from bench.retention_pace import RETENTION_SCENARIOS
 from bench.scenarios import CORE_SCENARIOS, Context, Outcome, Row
 from bench.send_limit import SEND_LIMIT_SCENARIOS
+from bench.sleeps import SLEEP_SCENARIOS
 from bench.steps import STEP_SCENARIOS
 from bench.transactions import TRANSACTION_SCENARIOS
 from bench.unique import UNIQUE_SCENARIOS
@@ -60,6 +61,7 @@ SCENARIOS = {
     **RETENTION_SCENARIOS,
     **LIMITS_SCENARIOS,
     **STEP_SCENARIOS,
+    **SLEEP_SCENARIOS,
 }
 
 

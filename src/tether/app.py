@@ -13,6 +13,7 @@ from tether.broker.answers import CHANGED
 from tether.broker.schedules import ScheduleInfo
 from tether.config import AppConfig, RetryPolicy
 from tether.errors import ScheduleDefinitionError, TaskDefinitionError
+from tether.events import AppWithOptions, EventSent, send_event
 from tether.handle import TaskHandle
 from tether.ids import parse_task_id
 from tether.names import check_task_name
@@ -301,6 +302,21 @@ class Tether:
     def workflow_handle(self, workflow_id: str | uuid.UUID) -> WorkflowHandle:
         """A handle for a workflow started earlier (by id)."""
         return WorkflowHandle(self, parse_task_id(workflow_id, what="workflow id"))
+
+    def send_event(self, key: str, payload: Any = None) -> EventSent:
+        """Send the event ``key`` with a JSON ``payload`` to the task waiting for it
+        (``current_task().wait_for_event(key)``; docs/durable-steps.md#events): the task waiting
+        longest gets it and becomes due at once. With no task waiting, the event is kept and
+        delivered to the first that waits for the key. Each send is one event: a second send of
+        a key goes to the next waiter. EventError for a bad key or a payload that is not JSON
+        (nothing sent). In your transaction: ``app.with_options(connection=conn).send_event(...)``.
+        """
+        return send_event(self.broker, key, payload)
+
+    def with_options(self, *, connection: Any) -> AppWithOptions:
+        """The app's calls that can run in your transaction (``send_event``): ``connection`` is a
+        psycopg 3 Connection with a transaction open, as for ``task.with_options(connection=)``."""
+        return AppWithOptions(self, connection)
 
     def handle(self, task_id: str | uuid.UUID) -> TaskHandle[Any]:
         """A handle for a task sent earlier (by id)."""

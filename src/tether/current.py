@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.errors import StepError, TaskCancelledError
@@ -60,6 +61,47 @@ class RunningTask:
         function (called on the loop); the reads and the write wait without blocking the event
         loop. Same rules, errors and guarantee as ``step``."""
         return await self._book(name).step_async(name, fn, *args, **kwargs)
+
+    def sleep(self, seconds: float | timedelta) -> None:
+        """Sleep durably (docs/durable-steps.md#durable-sleep): end this attempt, give the worker's
+        slot back, and resume as the next attempt of the same task once ``seconds`` (a number or a
+        timedelta, 0..366 days) have passed, on any worker, completed steps skipped.
+
+        The sleep is recorded like a step (the n-th sleep of an attempt is occurrence n of
+        ``tether.sleep``): the attempt that resumes passes it and goes on after it. It raises
+        TaskSuspended (a BaseException: let it through) to end the attempt; the task is PENDING
+        meanwhile, counts no retry, and holds no slot. StepError for a bad duration.
+        """
+        from tether import suspending
+
+        suspending.sleep(self._book("tether.sleep"), seconds)
+
+    async def sleep_async(self, seconds: float | timedelta) -> None:
+        """``sleep`` for ``async def`` tasks (its reads wait without blocking the event loop)."""
+        from tether import suspending
+
+        await suspending.sleep_async(self._book("tether.sleep"), seconds)
+
+    def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """Wait durably for the event ``key`` (docs/durable-steps.md#events) and return its payload
+        (sent with ``app.send_event(key, payload)`` or ``tether send-event``).
+
+        An event of the key sent earlier and not yet delivered is taken at once. Else the attempt
+        ends as a sleep does (the task PENDING, no slot held) and resumes as soon as an event is
+        sent, or once ``timeout`` (seconds or a timedelta; None: no timeout) has passed: then it
+        raises EventTimeoutError (code EVENT_TIMEOUT), which the task may catch. Recorded like a
+        step (occurrence n of ``tether.event``): a later attempt gets the same payload, or the same
+        timeout. EventError for a bad key, StepError for a bad timeout.
+        """
+        from tether import suspending
+
+        return suspending.wait_for_event(self._book("tether.event"), key, timeout)
+
+    async def wait_for_event_async(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """``wait_for_event`` for ``async def`` tasks."""
+        from tether import suspending
+
+        return await suspending.wait_for_event_async(self._book("tether.event"), key, timeout)
 
     def _book(self, name: str) -> StepBook:
         if self._steps is None:

@@ -96,3 +96,41 @@ class StepLostError(BaseException):
     A BaseException, like TaskCancelledError, so that an ``except Exception`` in the task's
     code does not carry a zombie attempt on; its outcome will not be recorded either.
     """
+
+
+class EventError(TetherError, ValueError):
+    """An event refused before anything was written or waited for (docs/durable-steps.md#events):
+    a bad key, a payload that is not JSON or too large, a bad timeout. The message names the
+    argument."""
+
+
+class EventTimeoutError(TetherError, TimeoutError):
+    """Raised by ``current_task().wait_for_event(key, timeout=...)`` when the timeout passed
+    before an event of ``key`` was delivered. The task may catch it; if it leaves the task,
+    the task fails with the code ``ErrorCode.EVENT_TIMEOUT`` (``code`` here), which its retry
+    policy may list. Every later attempt of the task gets the same answer at the same wait."""
+
+    code = "EVENT_TIMEOUT"
+
+    def __init__(self, message: str, *, key: str, timeout_s: float | None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.timeout_s = timeout_s
+
+
+class TaskSuspended(BaseException):
+    """How ``current_task().sleep(...)`` and ``wait_for_event(...)`` end the attempt: raised in
+    the task's code, it unwinds the task (its ``finally`` blocks run) and the worker records
+    the suspension (the task PENDING until its due time), fenced like an outcome.
+
+    A BaseException, like TaskCancelledError, so that an ``except Exception`` does not stop
+    it; code that catches BaseException must raise it again. Not a failure: the task resumes.
+    """
+
+    def __init__(self, name: str, occurrence: int, delay_s: float | None, key: str | None) -> None:
+        what = f"waiting for event {key!r}" if key is not None else f"sleeping {delay_s:g}s"
+        super().__init__(f"the task is suspended ({what}); this attempt ends here")
+        self.name = name
+        self.occurrence = occurrence
+        self.delay_s = delay_s  # None: a wait with no timeout
+        self.key = key  # None: a sleep

@@ -19,12 +19,24 @@ from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
+class Suspension:
+    """The task slept or began to wait for an event (tether.suspending): its attempt ends and the
+    task goes back to PENDING until its due time, recorded under the step (name, occurrence)."""
+
+    name: str  # tether.sleep | tether.event
+    occurrence: int
+    delay_s: float | None  # the sleep, or the wait's timeout (None: no timeout)
+    key: str | None  # the event key of a wait
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
-    status: TaskStatus  # COMPLETED | FAILED | CANCELLED
+    status: TaskStatus  # COMPLETED | FAILED | CANCELLED | PENDING (a suspension)
     result_json: str
     error_code: str | None
     error_message: str | None
     retry_delay_s: float | None  # set when the failure will be retried
+    suspension: Suspension | None = None  # set when the task slept or waits (status PENDING)
 
     @property
     def will_retry(self) -> bool:
@@ -34,6 +46,11 @@ class Outcome:
     def settles_as(self) -> TaskStatus:
         """The status the row has once this outcome is recorded."""
         return TaskStatus.PENDING if self.will_retry else self.status
+
+
+def suspended(suspension: Suspension) -> Outcome:
+    """The task's code slept or began to wait: back to PENDING until due, no retry counted."""
+    return Outcome(TaskStatus.PENDING, "null", None, None, None, suspension)
 
 
 def retry_delay(retry_policy_json: str | None, retry_count: int, code: str) -> float | None:

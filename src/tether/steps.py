@@ -24,10 +24,13 @@ import asyncio
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tether import codec
 from tether.errors import StepError, StepLostError
+
+if TYPE_CHECKING:
+    from tether.broker.suspensions import Taken
 
 T = TypeVar("T")
 
@@ -57,6 +60,11 @@ class StepStore(Protocol):
     async def load_async(self) -> dict[StepKey, str]: ...
 
     async def write_async(self, name: str, occurrence: int, result: str) -> str | None: ...
+
+    # For wait_for_event (tether.suspending): take the key's event, or the wait's timeout.
+    def take_event(self, occurrence: int, key: str) -> Taken: ...
+
+    async def take_event_async(self, occurrence: int, key: str) -> Taken: ...
 
 
 class StepBook:
@@ -146,6 +154,33 @@ class StepBook:
             raise
         self._done = done
         return done
+
+    # -- tether's own steps (durable sleep and events: tether.suspending) ---------------
+
+    def lookup(self, name: str) -> tuple[int, str | None]:
+        """The next occurrence of one of tether's own step names and its stored JSON (None:
+        not stored). Counted like any step: the n-th sleep of an attempt is occurrence n."""
+        occurrence = self._next_occurrence(name)
+        with self._lock:
+            if self._done is None:
+                self._done = self.store.load()
+            stored = self._done.get((name, occurrence))
+        if stored is not None:
+            self.replayed += 1
+        return occurrence, stored
+
+    async def lookup_async(self, name: str) -> tuple[int, str | None]:
+        occurrence = self._next_occurrence(name)  # before any await: call order decides
+        stored = (await self._loaded_async()).get((name, occurrence))
+        if stored is not None:
+            self.replayed += 1
+        return occurrence, stored
+
+    def remember(self, name: str, occurrence: int, stored: str) -> None:
+        """A step of tether's own stored by this attempt (an event taken at once)."""
+        with self._lock:
+            if self._done is not None:
+                self._done[(name, occurrence)] = stored
 
     # -- shared -------------------------------------------------------------------------
 

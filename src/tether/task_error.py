@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     TIME_LIMIT_EXCEEDED = "TIME_LIMIT_EXCEEDED"  # still running after the task's time_limit: killed
     UNIQUE_KEY_HELD = "UNIQUE_KEY_HELD"  # a workflow step's unique key was held by another task
+    EVENT_TIMEOUT = "EVENT_TIMEOUT"  # wait_for_event's timeout passed with no event (EventTimeoutError)
     # workflows
     DEPENDENCY_FAILED = "DEPENDENCY_FAILED"  # a step skipped because a dependency did not complete
     WORKFLOW_FAILED = "WORKFLOW_FAILED"

@@ -307,7 +307,9 @@ def _end_consumer(span: Span, token: object, outcome: Outcome) -> None:
     if not span.is_recording():  # an unsampled run: nothing to set or end
         return
     settles = outcome.settles_as.value
-    span.set_attribute("tether.task.outcome", _OUTCOME_OF.get(settles, settles.lower()))
+    # A durable sleep or wait (docs/durable-steps.md) leaves the task PENDING too: not a retry.
+    shown = "suspended" if outcome.suspension is not None else _OUTCOME_OF.get(settles, settles.lower())
+    span.set_attribute("tether.task.outcome", shown)
     if outcome.error_code:
         span.set_attribute("error.type", outcome.error_code)
         if settles != "CANCELLED":

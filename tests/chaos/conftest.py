@@ -175,8 +175,10 @@ def check_history(conn: Conn, task_id: Any) -> tuple[Row, list[Row]]:
         earlier = attempts[:-1]
     else:
         earlier = attempts
-    for a in earlier:
-        assert a["outcome"] == "FAILED" and a["will_retry"], context
+    for a in earlier:  # a retried failure, or a durable sleep or wait (no retry counted)
+        assert (a["outcome"] == "FAILED" and a["will_retry"]) or (
+            a["outcome"] == "SUSPENDED" and not a["will_retry"]
+        ), context
     return row, attempts
 
 

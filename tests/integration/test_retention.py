@@ -89,8 +89,27 @@ def test_a_pass_deletes_in_batches_exactly_the_rows_past_retention(
     assert left == {*pending, *recent}
     attempts = count(db, "SELECT count(*) AS n FROM tether_task_attempts WHERE task_id = ANY(%s)", finished)
     assert attempts == 0  # with their task
-    # 4 + 3 batches of at most 10 rows that found rows, 1 each for the other four kinds.
-    assert "35 heartbeats, 23 tasks in 11 batch(es)" in logged(caplog)
+    # 4 + 3 batches of at most 10 rows that found rows, 1 each for the other five kinds.
+    assert "35 heartbeats, 23 tasks in 12 batch(es)" in logged(caplog)
+
+
+def test_events_no_task_took_are_pruned_and_delivered_ones_go_with_their_task(db: Conn) -> None:
+    """docs/durable-steps.md#events: an undelivered event is kept for the terminal record
+    retention; a delivered one lives as long as the task it went to."""
+    (finished,) = tasks(db, 1, "COMPLETED", 721)
+    (waiting,) = tasks(db, 1, "PENDING", 721)
+    db.execute(
+        "INSERT INTO tether_events (key, payload, sent_at, delivered_to, delivered_at) VALUES"
+        " ('old', '1', now() - interval '721 hours', NULL, NULL),"
+        " ('young', '2', now() - interval '719 hours', NULL, NULL),"
+        " ('to-finished', '3', now() - interval '721 hours', %s, now()),"
+        " ('to-pending', '4', now() - interval '721 hours', %s, now())",
+        (finished, waiting),
+    )
+    retention = Retention(CONFIG, batch=10, budget_s=60, clock=Clock())
+    assert retention.run(db) == {"tasks": 1, "events": 1}
+    left = [r["key"] for r in db.execute("SELECT key FROM tether_events ORDER BY key").fetchall()]
+    assert left == ["to-pending", "young"]
 
 
 def steps(db: Conn, ids: list[Any], per_task: int) -> None:

@@ -261,3 +261,44 @@ async def test_close_with_nothing_pending() -> None:
     triggers.close()
     triggers.close()
     assert triggers.maybe_more is True
+
+
+@pytest.mark.timing
+async def test_thousands_of_due_times_are_kept_coarser_never_dropped() -> None:
+    """5,000 delayed tasks (durable sleeps) due over one second: past 2,000 distinct due times
+    they are rounded up to a grain, so the loop still wakes for the last one, at most a grain
+    late and long before the poll (keeping only the earliest 1,000 left it to the poll)."""
+    from tether.worker import claim_triggers
+
+    triggers = idle()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    n = 5_000
+    for i in range(n):
+        triggers.on_notification(0.2 + i / n - (loop.time() - start))
+        assert len(triggers._dues) <= 2 * claim_triggers.MAX_PENDING_DUES
+    last_due = start + 0.2 + (n - 1) / n
+    grain = triggers._grain
+    assert 0 < grain <= 0.01
+    while triggers._dues:
+        await woken_after(triggers)
+        triggers.before_claim()
+    woke = loop.time()
+    assert last_due - DUE_NOW_S <= woke < last_due + grain + 0.5, (woke - last_due, grain)
+    assert triggers._grain == 0.0  # exact again once the burst is over
+    triggers.close()
+
+
+async def test_a_due_time_timer_says_so_once() -> None:
+    """The claim after a due-time timer looks everywhere delayed work may be (a limited
+    queue's tasks without a key, worker/limited_claimer.py): take_timed is True once."""
+    triggers = idle()
+    assert triggers.take_timed() is False
+    triggers.on_notification(0.05)
+    await woken_after(triggers)
+    assert triggers.take_timed() is True
+    assert triggers.take_timed() is False
+    triggers.on_notification(None)  # work due now is a notification, not a timer
+    await woken_after(triggers)
+    assert triggers.take_timed() is False
+    triggers.close()

@@ -71,6 +71,8 @@ CATEGORIES = (
     Category(
         "recovery_minutes", _batch("prune_recovery_minutes"), lambda c: c.terminal_record_retention_hours
     ),
+    # Events no task waited for (migration 18): kept as long as a finished task's record.
+    Category("events", _batch("prune_events"), lambda c: c.terminal_record_retention_hours),
 )
 
 

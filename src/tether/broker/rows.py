@@ -50,10 +50,15 @@ class AttemptInfo:
     pid: int | None
     started_at: datetime | None
     finished_at: datetime
-    outcome: TaskStatus  # COMPLETED, FAILED or CANCELLED
+    outcome: TaskStatus  # COMPLETED, FAILED or CANCELLED; PENDING: it slept or waited (suspended)
     will_retry: bool
     error_code: str | None
     error_message: str | None
+    # A durable sleep or wait for an event ended the attempt (docs/durable-steps.md): the task
+    # was due again at resume_at (a wait: its timeout), event_key the event it waited for.
+    suspended: bool = False
+    resume_at: datetime | None = None
+    event_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

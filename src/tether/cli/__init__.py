@@ -40,6 +40,7 @@ COMMANDS = {
     "queues": "tether.cli.queues:queues",
     "queue": "tether.cli.queues:queue",
     "retry": "tether.cli.retry:retry",
+    "send-event": "tether.cli.events:send_event",
 }
 
 

@@ -84,6 +84,11 @@ def tasks(
         lambda conn: browse.browse_tasks(conn, where, before=before, limit=limit)
     )
     rows = page.tasks
+    # A PENDING task after a sleep or a wait says so in its status (docs/durable-steps.md).
+    from tether.broker.suspensions import suspension_states
+
+    pending = [str(r.id) for r in rows if r.status == "PENDING"]
+    states = common.open_broker(database_url).run(lambda c: suspension_states(c, pending)) if pending else {}
     if as_json:
         common.emit_json(rows)
     else:
@@ -96,7 +101,7 @@ def tasks(
                         r.id,
                         r.name,
                         r.queue,
-                        r.status,
+                        f"{r.status}: {states[str(r.id)].short()}" if str(r.id) in states else r.status,
                         r.attempt,
                         r.error_code,
                         common.ts(r.sent_at),
@@ -138,6 +143,11 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
     attempts = info.attempts
     beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
     stored = info.as_stored()  # the row as stored: its result as the JSON it is kept as
+    # A sleep or a wait: what the task waits for (docs/durable-steps.md#durable-sleep).
+    from tether.broker.suspensions import suspension_states
+
+    state = broker.run(lambda conn: suspension_states(conn, [str(tid)])).get(str(tid))
+    stored["suspension"] = None if state is None else state.as_json()
     if as_json:
         common.emit_json({**stored, "attempts": attempts, "steps": info.steps, "heartbeats": beats})
         return
@@ -146,6 +156,8 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
         value = stored[key]
         fields.add_row(key, "" if value is None else str(value))
     common.console.print(fields)
+    if state is not None:  # a sleep or a wait: what it waits for (docs/durable-steps.md)
+        common.console.print(f"Suspended: {state.describe()}", highlight=False)
     common.console.print(
         common.table(
             "Attempts",
@@ -156,7 +168,7 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
                     a.worker_id,
                     common.ts(a.started_at),
                     common.ts(a.finished_at),
-                    a.outcome,
+                    "SUSPENDED" if a.suspended else a.outcome,
                     "yes" if a.will_retry else "",
                     a.error_code,
                 ]

@@ -38,6 +38,7 @@ OUTCOMES = {
     "FAILED": "failed",
     "CANCELLED": "cancelled",
     "PENDING": "retried",
+    "SUSPENDED": "suspended",  # a durable sleep or a wait for an event (docs/durable-steps.md)
     "LOST": "lost",  # its fence matched nothing: the task was recovered or cancelled elsewhere
 }
 

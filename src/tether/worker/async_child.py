@@ -294,8 +294,15 @@ class AsyncChild:
             protocol.BATCH,
             started=[t.id for t in starts if t.id in started],
             lost=[t.id for t in starts if t.id not in started],
-            done=[[w.task.id, recorded.get(w.task.id, "LOST")] for w in outcomes],
+            done=[[w.task.id, _reported(w, recorded.get(w.task.id))] for w in outcomes],
             released=[t.id for t in releases],
             # For the worker's metrics (tether.metrics): the main process counts for its children.
             ran=[[w.outcome.error_code, self.ran_s.pop(w.task.id, None)] for w in outcomes],
         )
+
+
+def _reported(write: OutcomeWrite, settled: TaskStatus | None) -> str:
+    """The status a BATCH reports for one outcome (metrics: SUSPENDED, LOST: its fence missed)."""
+    if settled is None:
+        return "LOST"
+    return "SUSPENDED" if settled is TaskStatus.PENDING and write.outcome.suspension else settled

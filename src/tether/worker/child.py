@@ -186,9 +186,15 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             set_current_task(None)
         ran_s = time.monotonic() - began
         guard.disarm()
+        # A suspension (a durable sleep or wait) is its own statement, with no commit to share
+        # with the next task's start: written at once, before asking the main process for work.
+        suspended = recorder.suspend(current, outcome) if outcome.suspension is not None else None
         reply = _ask_next(conn, pushed, current)
         next_task = reply["task"] if reply["op"] == protocol.RUN else None
-        settled, next_started = recorder.record(current, outcome, next_task)
+        if outcome.suspension is not None:
+            settled, next_started = suspended, (None if next_task is None else recorder.start(next_task))
+        else:
+            settled, next_started = recorder.record(current, outcome, next_task)
         if not guard.parent_alive():
             log.warning(
                 "task %s: outcome recorded after the worker's main process died; exiting",
@@ -203,7 +209,7 @@ def _serve(conn: Connection, executor: Executor, recorder: Recorder, guard: Pare
             conn,
             protocol.DONE,
             id=current.id,
-            status=settled or "LOST",
+            status="SUSPENDED" if settled == "PENDING" and outcome.suspension else settled or "LOST",
             next_id=next_task.id if next_task else None,
             next_lost=next_task is not None and not next_started,
             # For the worker's metrics (tether.metrics): the main process counts for its children.

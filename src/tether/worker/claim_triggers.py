@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 
 # A claim right after a notification that finds nothing looks once more this much later:
 # the new row may have been locked for a moment (a result waiter flags it with an UPDATE,
@@ -26,10 +27,14 @@ RECHECK_AFTER_NOTIFY_S = 0.05
 
 # A notification for work due within this long counts as due now.
 DUE_NOW_S = 0.005
-# Due times of delayed work kept: past twice this many, the earliest this many are kept and
-# the rest let go (the poll finds what they announced, a poll interval late at worst). Trimming
-# only then keeps a burst of delayed sends at O(log n) a notification.
+# Due times of delayed work kept: past twice this many, they are kept coarser instead (each
+# rounded up to a grain, doubled from DUE_GRAIN_S until at most this many distinct ones are
+# left), so that every announced task still wakes the loop, at most a grain late, and memory
+# stays bounded. Coarsening only then keeps a burst of delayed sends at O(log n) a
+# notification. 10,000 durable sleeps due over 30 s need a grain of 40 ms (bench/sleeps.py);
+# keeping only the earliest 1,000 left the others to the poll, up to a poll interval late.
 MAX_PENDING_DUES = 1_000
+DUE_GRAIN_S = 0.005
 
 
 class ClaimTriggers:
@@ -44,7 +49,10 @@ class ClaimTriggers:
         # for the earliest only would lose the later ones once it fired, and a task due later
         # would wait for the poll.
         self._dues: list[float] = []
+        self._due_set: set[float] = set()  # the same, for dropping repeats once coarsened
+        self._grain = 0.0  # 0: due times kept exact; else each rounded up to a multiple of it
         self._recheck: asyncio.TimerHandle | None = None
+        self._timed = False  # a due-time timer fired since the last take_timed()
         self._notes = 0  # notifications of work due now, counted...
         self._notes_seen = 0  # ...and as of the last claim
 
@@ -66,11 +74,24 @@ class ClaimTriggers:
             self.work_may_wait()
             return
         loop = asyncio.get_running_loop()
-        when = loop.time() + due_in
-        heapq.heappush(self._dues, when)
-        if len(self._dues) > 2 * MAX_PENDING_DUES:
-            self._dues = heapq.nsmallest(MAX_PENDING_DUES, self._dues)  # sorted: still a heap
+        when = self._rounded(loop.time() + due_in)
+        if when not in self._due_set:
+            self._due_set.add(when)
+            heapq.heappush(self._dues, when)
+            if len(self._dues) > 2 * MAX_PENDING_DUES:
+                self._coarsen()
         self._arm(loop)
+
+    def _rounded(self, when: float) -> float:
+        return when if not self._grain else math.ceil(when / self._grain) * self._grain
+
+    def _coarsen(self) -> None:
+        """Too many distinct due times: a grain twice as coarse, until at most MAX_PENDING_DUES."""
+        exact = self._dues
+        while len(self._dues) > MAX_PENDING_DUES:
+            self._grain = self._grain * 2 if self._grain else DUE_GRAIN_S
+            self._due_set = {self._rounded(when) for when in exact}
+            self._dues = sorted(self._due_set)  # sorted: a heap
 
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
         """The timer set for the earliest pending due time (none left: no timer)."""
@@ -93,9 +114,18 @@ class ClaimTriggers:
         # A timer may fire a hair before its time (the loop's clock resolution): what is due
         # within DUE_NOW_S counts as due, as for a notification, so it is not re-armed at once.
         while self._dues and self._dues[0] <= loop.time() + DUE_NOW_S:
-            heapq.heappop(self._dues)
+            self._due_set.discard(heapq.heappop(self._dues))
+        if not self._dues:
+            self._grain = 0.0  # the burst is over: exact again
         self._arm(loop)  # for the next delayed task announced
+        self._timed = True
         self.work_may_wait()
+
+    def take_timed(self) -> bool:
+        """True once after a due-time timer fired: delayed work (a durable sleep, a retry, a
+        scheduled send) is due now, and the claim should look everywhere it may be."""
+        timed, self._timed = self._timed, False
+        return timed
 
     def _on_recheck(self) -> None:
         self._recheck = None
@@ -144,7 +174,7 @@ class ClaimTriggers:
         self._event.set()
 
     def close(self) -> None:
-        self._dues = []
+        self._dues, self._due_set = [], set()
         for timer in (self._timer, self._recheck):
             if timer is not None:
                 timer.cancel()

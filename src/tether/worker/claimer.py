@@ -143,6 +143,8 @@ class Claimer:
         skip = self._names_to_skip()
         queues = self.queues
         if self.limited is not None:
+            if self.triggers.take_timed():
+                self.limited.look_unkeyed()  # delayed work came due: it may have no key
             await self.limited.refresh()
             queues = self.limited.plain_queues()
         tasks: list[TaskPayload] = []

@@ -13,7 +13,7 @@ from tether import codec, outcomes, tracing
 from tether.app import Tether
 from tether.broker.claims import TaskPayload
 from tether.current import cancel_requested_for
-from tether.errors import SerializationError, TaskCancelledError
+from tether.errors import EventTimeoutError, SerializationError, TaskCancelledError, TaskSuspended
 from tether.log_fields import about_task
 from tether.outcomes import Outcome
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
@@ -55,6 +55,8 @@ class Executor:
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
+            if isinstance(exc, TaskSuspended):
+                return suspended(exc)
             if _is_cancellation(exc, payload.id):
                 return cancelled(payload)
             return self.outcome_of_error(payload, exc)
@@ -93,6 +95,8 @@ class Executor:
                 return cancelled(payload)
             raise  # the child is going away
         except BaseException as exc:
+            if isinstance(exc, TaskSuspended):
+                return suspended(exc)
             if isinstance(exc, TaskCancelledError):
                 return cancelled(payload)
             if limit is not None and isinstance(exc, TimeoutError) and scope.expired():
@@ -128,7 +132,11 @@ class Executor:
         return task, args, kwargs
 
     def outcome_of_error(self, payload: TaskPayload, exc: BaseException) -> Outcome:
-        """An exception the task's code raised: a FAILED outcome with its traceback."""
+        """An exception the task's code raised: a FAILED outcome with its traceback (an
+        EventTimeoutError it let through: the code EVENT_TIMEOUT, its retry policy decides)."""
+        if isinstance(exc, EventTimeoutError):
+            data = {"key": exc.key, "timeout_s": exc.timeout_s}
+            return failure(payload, TaskError(ErrorCode.EVENT_TIMEOUT, str(exc), data))
         log.info(
             "task %s (%s) raised %s", payload.name, payload.id, type(exc).__name__, extra=about_task(payload)
         )
@@ -246,6 +254,11 @@ def _is_cancellation(exc: BaseException, task_id: str) -> bool:
     return isinstance(exc, TaskCancelledError) or (
         isinstance(exc, asyncio.CancelledError) and cancel_requested_for(task_id)
     )
+
+
+def suspended(exc: TaskSuspended) -> Outcome:
+    """The task's code slept or began to wait for an event (tether.suspending)."""
+    return outcomes.suspended(outcomes.Suspension(exc.name, exc.occurrence, exc.delay_s, exc.key))
 
 
 def cancelled(payload: TaskPayload) -> Outcome:

@@ -107,6 +107,12 @@ class LimitedClaimer:
         self._token_s = found
         self._next_refresh = now + REFRESH_S
 
+    def look_unkeyed(self) -> None:
+        """At the next claim, look for tasks without a key in every limited queue (not only every
+        UNKEYED_LOOK_S): a due-time timer fired, and what came due (a durable sleep's end, a
+        retry's backoff) may have no key; it would wait up to UNKEYED_LOOK_S otherwise."""
+        self._next_unkeyed_look = 0.0
+
     async def claim(self, other: int, in_async: int, idle: int, skip_names: list[str]) -> Taken:
         """Claim up to ``other`` + ``in_async`` tasks from the limited queues, each in turn;
         ``idle``: how many children would start a task now (see claim_limited)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tether import outcomes
-from tether.broker import claims, heartbeats, steps
+from tether.broker import claims, heartbeats, steps, suspensions
 from tether.broker.claims import Fence, FenceState, OutcomeWrite, TaskPayload
 from tether.broker.types import Conn, DatabaseError, OperationalError, RolledBackError
 from tether.config import AppConfig
@@ -144,6 +144,9 @@ class Recorder:
         next started, or None when there was no next). The status is the outcome's, except
         that a failure of a task whose cancel was requested settles as CANCELLED.
         """
+        if outcome.suspension is not None:  # its own statement: it writes a step, not a result
+            suspended = self.suspend(task, outcome)
+            return suspended, None if next_task is None else self.start(next_task)
         fence = self.fence(task, TaskStatus.RUNNING)
 
         def work(c: Conn) -> tuple[TaskStatus | None, bool | None]:
@@ -172,7 +175,14 @@ class Recorder:
         A miss is explained as in record(); a row the database refuses (the batch fails
         as a whole) makes each write go alone, so it cannot hold back the others.
         """
+        suspended: dict[str, TaskStatus] = {}
+        if any(w.outcome.suspension is not None for w in outcomes):
+            for w in outcomes:
+                if w.outcome.suspension is not None and (done := self.suspend(w.task, w.outcome)) is not None:
+                    suspended[w.task.id] = done
+            outcomes = [w for w in outcomes if w.outcome.suspension is None]
         settled, started, retried = self._write_batch(outcomes, starts)
+        settled |= suspended
         missed = [w.task for w in outcomes if w.task.id not in settled]
         if missed:
             expected = {w.task.id: w.outcome.settles_as for w in outcomes}
@@ -413,6 +423,56 @@ class Recorder:
             else:  # None: our own row, found by a retry after a lost COMMIT (see write_step)
                 answers.append(done[key] or result)
         return answers
+
+    def suspend(self, task: TaskPayload, outcome: Outcome) -> TaskStatus | None:
+        """Record a suspension (a sleep, a wait): the task PENDING until due, fenced like an outcome.
+        Returns PENDING; CANCELLED when a cancel requested meanwhile won (recorded as such); None
+        when this attempt lost its task (a WARNING says so)."""
+        s = outcome.suspension
+        assert s is not None
+        done, retried = self._with_retry(
+            f"suspending task {task.id}",
+            lambda c: suspensions.suspend_task(
+                c,
+                task_id=task.id,
+                attempt=task.attempt,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                pid=self.pid,
+                name=s.name,
+                occurrence=s.occurrence,
+                delay_s=s.delay_s,
+                key=s.key,
+            ),
+        )
+        if done.suspended:
+            return TaskStatus.PENDING
+        if done.cancel_requested:
+            settled, _ = self.record(task, outcomes.cancelled("cancelled while running (it was suspending)"))
+            return settled
+        return self._explain_miss(task, "suspend", retried, settled=TaskStatus.PENDING)
+
+    def take_event(self, task: TaskPayload, occurrence: int, key: str) -> suspensions.Taken:
+        """wait_for_event's first look: the key's event, or the wait's timeout, stored as its step."""
+        taken, retried = self._with_retry(
+            f"taking event {key!r} for task {task.id}",
+            lambda c: suspensions.take_event(
+                c,
+                task_id=task.id,
+                attempt=task.attempt,
+                worker_id=self.worker_id,
+                occurrence=occurrence,
+                key=key,
+            ),
+        )
+        if not taken.held:
+            self._explain_miss(task, f"wait for event {key!r}", False, settled=TaskStatus.RUNNING)
+        elif taken.stored is None and retried:
+            # The connection dropped around a COMMIT: our own earlier try may have stored the step.
+            mine = self.load_steps(task).get((suspensions.EVENT_STEP, occurrence))
+            if mine is not None:
+                return suspensions.Taken(True, mine, None)
+        return taken
 
     def _explain_miss(
         self, task: TaskPayload, action: str, retried: bool, *, settled: TaskStatus

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from tether.broker.claims import TaskPayload
 from tether.broker.steps import StepKey
+from tether.broker.suspensions import Taken
 from tether.broker.types import DatabaseError, OperationalError
 from tether.worker.recorder import Recorder
 
@@ -53,6 +54,12 @@ class ChildSteps:
 
     async def write_async(self, name: str, occurrence: int, result: str) -> str | None:
         return await asyncio.to_thread(self.write, name, occurrence, result)
+
+    def take_event(self, occurrence: int, key: str) -> Taken:
+        return self.recorder.take_event(self.task, occurrence, key)
+
+    async def take_event_async(self, occurrence: int, key: str) -> Taken:
+        return await asyncio.to_thread(self.take_event, occurrence, key)
 
 
 class StepWriter:
@@ -135,3 +142,11 @@ class TaskSteps:
 
     async def write_async(self, name: str, occurrence: int, result: str) -> str | None:
         return await asyncio.wrap_future(self.writer.write(self.task, name, occurrence, result))
+
+    def take_event(self, occurrence: int, key: str) -> Taken:
+        return self.writer.thread.submit(self.writer.recorder.take_event, self.task, occurrence, key).result()
+
+    async def take_event_async(self, occurrence: int, key: str) -> Taken:
+        loop = asyncio.get_running_loop()
+        recorder = self.writer.recorder
+        return await loop.run_in_executor(self.writer.thread, recorder.take_event, self.task, occurrence, key)

@@ -85,3 +85,18 @@ WITH doomed AS (
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS read,
        (SELECT max(minute) FROM doomed) AS reached;
+
+-- name: prune_events
+-- Events no task took (docs/durable-steps.md#events), older than the terminal record
+-- retention. A delivered event goes with the task it was delivered to (ON DELETE CASCADE).
+WITH doomed AS (
+    SELECT id, sent_at FROM tether_events
+    WHERE delivered_at IS NULL AND sent_at >= %(after)s AND sent_at < now() - %(age)s::interval
+    ORDER BY sent_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM tether_events e USING doomed WHERE e.id = doomed.id AND e.delivered_at IS NULL RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM doomed) AS read,
+       (SELECT max(sent_at) FROM doomed) AS reached;

@@ -129,6 +129,10 @@ WITH wanted AS (
 ), woken AS (
     SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM min(run_at))::text)
     FROM retried GROUP BY queue
+), unwaited AS (
+    -- The open wait of a task cancelled or expired while it waited for an event
+    -- (docs/durable-steps.md#events): its retry waits afresh, with its full timeout.
+    DELETE FROM tether_event_waits w USING retried r WHERE w.task_id = r.id
 )
 -- Without a join (see held): the retried tasks, then those whose key is held. Every
 -- task of `wanted` is one or the other (its row is locked, its status cannot change).

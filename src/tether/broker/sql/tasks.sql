@@ -118,8 +118,11 @@ UNION ALL
 SELECT status, result, 0 FROM seen WHERE notify_on_done;
 
 -- name: get_attempts
-SELECT attempt, worker_id, hostname, pid, started_at, finished_at, outcome, will_retry,
-       error_code, error_message
+-- An attempt that slept or waited (SUSPENDED, docs/durable-steps.md) left its task PENDING:
+-- its outcome reads PENDING (no new task status), `suspended` says why, resume_at until when.
+SELECT attempt, worker_id, hostname, pid, started_at, finished_at,
+       CASE WHEN outcome = 'SUSPENDED' THEN 'PENDING' ELSE outcome END AS outcome, will_retry,
+       error_code, error_message, outcome = 'SUSPENDED' AS suspended, resume_at, event_key
 FROM tether_task_attempts WHERE task_id = %(id)s ORDER BY attempt;
 
 -- name: cancel_task
