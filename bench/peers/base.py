@@ -8,6 +8,7 @@ sent, started and done (database time, ``now()`` of the writing transaction).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,7 +40,9 @@ class Worker:
     """A worker subprocess in its own session; stop() is SIGTERM, then SIGKILL to its group."""
 
     def __init__(self, spec: WorkerSpec, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_DATABASE_URL"}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_DATABASE_URL"
+        }
         env.update(spec.env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         self.spec = spec
@@ -59,25 +62,16 @@ class Worker:
             raise RuntimeError(f"worker {self.spec.label} exited with {self.proc.returncode}; see its log")
 
     def stop(self, graceful: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            try:
+        """SIGTERM to the worker's session, SIGKILL to it after ``graceful`` seconds; and SIGKILL
+        once more after the main process has gone, for anything it left in its session."""
+        if self.proc.poll() is None and graceful > 0:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(graceful)
-            except subprocess.TimeoutExpired:
-                pass
-            except ProcessLookupError:
-                pass
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        else:  # the main process is gone: anything left in its session goes too
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
     def kill(self) -> None:
         self.stop(graceful=0.0)

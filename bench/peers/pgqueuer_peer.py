@@ -32,7 +32,9 @@ class PgqueuerPeer(Peer):
     def install(self) -> None:
         subprocess.run(
             [sys.executable, "-m", "pgqueuer", "--pg-dsn", self.url, "install"],
-            cwd=REPO, check=True, capture_output=True,
+            cwd=REPO,
+            check=True,
+            capture_output=True,
         )
 
     def reset(self) -> None:
@@ -61,7 +63,10 @@ class PgqueuerPeer(Peer):
         # heartbeat_timeout is pgqueuer's staleness threshold; it beats at half of it: 1 s.
         return self._worker(
             f"asyncio worker, batch 10, heartbeat_timeout {STALE_S:g} s",
-            "--batch-size", "10", "--heartbeat-timeout", str(STALE_S),
+            "--batch-size",
+            "10",
+            "--heartbeat-timeout",
+            str(STALE_S),
         )
 
     def first_start_epoch(self) -> float | None:

@@ -37,7 +37,10 @@ class ProcrastinatePeer(Peer):
     def install(self) -> None:
         subprocess.run(
             [sys.executable, "-m", "procrastinate", "--app", APP, "schema", "--apply"],
-            cwd=REPO, check=True, capture_output=True, env={**_environ(), **self._env()},
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            env={**_environ(), **self._env()},
         )
 
     def reset(self) -> None:
@@ -48,9 +51,8 @@ class ProcrastinatePeer(Peer):
         from bench.peers import procrastinate_app
 
         kwargs = {"seconds": args[0]} if args else {}
-        with procrastinate_app.app.replace_connector(_connector(self.url)) as app:
-            with app.open():
-                app.tasks[task].batch_defer(*([kwargs] * n))
+        with procrastinate_app.app.replace_connector(_connector(self.url)) as app, app.open():
+            app.tasks[task].batch_defer(*([kwargs] * n))
 
     def startup_worker(self) -> WorkerSpec:
         return self._worker("worker, concurrency 1 (default), sync task")
@@ -67,8 +69,12 @@ class ProcrastinatePeer(Peer):
     def hold_worker(self) -> WorkerSpec:
         return self._worker(
             f"worker, concurrency 50, heartbeat {HEARTBEAT_S:g} s, stalled {STALE_S:g} s",
-            "--concurrency", "50",
-            env={"PROCRASTINATE_BENCH_HEARTBEAT_S": str(HEARTBEAT_S), "PROCRASTINATE_BENCH_STALLED_S": str(STALE_S)},
+            "--concurrency",
+            "50",
+            env={
+                "PROCRASTINATE_BENCH_HEARTBEAT_S": str(HEARTBEAT_S),
+                "PROCRASTINATE_BENCH_STALLED_S": str(STALE_S),
+            },
         )
 
     def first_start_epoch(self) -> float | None:
@@ -78,7 +84,9 @@ class ProcrastinatePeer(Peer):
         return None if at is None else float(at)
 
     def left(self) -> int:
-        return int(self.query("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')")[0][0])
+        return int(
+            self.query("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')")[0][0]
+        )
 
     def running(self) -> int:
         return int(self.query("SELECT count(*) FROM procrastinate_jobs WHERE status = 'doing'")[0][0])
@@ -98,7 +106,9 @@ class ProcrastinatePeer(Peer):
             " WHERE d.type = 'deferred' AND d.at >= to_timestamp(%s) ORDER BY d.job_id",
             (since,),
         )
-        return [float(r[0]) for r in rows], "started - deferred in procrastinate_events (the fetch, todo -> doing)"
+        return [
+            float(r[0]) for r in rows
+        ], "started - deferred in procrastinate_events (the fetch, todo -> doing)"
 
     def senders(self) -> dict[str, tuple[Callable[[], None], Callable[[int], None], Callable[[], None]]]:
         open_, send, close = self.producer("noop")

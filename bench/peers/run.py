@@ -68,7 +68,9 @@ def make_peer(name: str, url: str) -> Peer:
     return ProcrastinatePeer(url)
 
 
-def _names(values: list[str], allowed: tuple[str, ...], parser: argparse.ArgumentParser, what: str) -> list[str]:
+def _names(
+    values: list[str], allowed: tuple[str, ...], parser: argparse.ArgumentParser, what: str
+) -> list[str]:
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     unknown = [n for n in names if n not in allowed]
     if unknown:
@@ -87,11 +89,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", action="append", default=[], metavar="SCENARIO", help=", ".join(SCENARIOS))
     p.add_argument("--peers", action="append", default=[], metavar="NAME", help=", ".join(PEERS))
     p.add_argument("--tasks", type=int, default=10_000, help="no-op tasks of the drain (default 10,000)")
-    p.add_argument("--pickups", type=int, default=300, help="paced sends of the pickup scenario (default 300)")
+    p.add_argument(
+        "--pickups", type=int, default=300, help="paced sends of the pickup scenario (default 300)"
+    )
     p.add_argument("--sends", type=int, default=2_000, help="timed sends per kind and round (default 2,000)")
     p.add_argument("--window", type=float, default=20.0, help="seconds of each commit window (default 20)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="SECONDS",
-                   help=f"before each step, wait up to SECONDS for the machine to be idle (< {BUSY:g}%% CPU)")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help=f"before each step, wait up to SECONDS for the machine to be idle (< {BUSY:g}%% CPU)",
+    )
     p.add_argument("--json", type=Path, metavar="PATH")
     args = p.parse_args(argv)
     args.scenarios = _names(args.only, SCENARIOS, p, "scenario")
@@ -181,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             peer.install()
             peers.append(peer)
         print(
-            "peers: " + ", ".join(f"{p.name} {p.version}" for p in peers)
+            "peers: "
+            + ", ".join(f"{p.name} {p.version}" for p in peers)
             + f"; {os.cpu_count()} cpus; worker logs in {log_dir}",
             flush=True,
         )
@@ -189,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in peers:
                 scenarios.startup(peer, cfg)
         for rnd in range(args.rounds):
-            order = peers[rnd % len(peers):] + peers[: rnd % len(peers)]
+            order = peers[rnd % len(peers) :] + peers[: rnd % len(peers)]
             for scenario in args.scenarios:
                 busy = _wait_idle(args.wait_idle)
                 details["busy_before_pct"].append({"round": rnd + 1, "scenario": scenario, "pct": busy})
@@ -212,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
                                 details["meaning"][config] = value
                         shown = ", ".join(
                             f"{FIGURES[k][0]} {FIGURES[k][2].format(v)} {FIGURES[k][1]}"
-                            for k, v in figures.items() if k in FIGURES
+                            for k, v in figures.items()
+                            if k in FIGURES
                         )
                         print(f"round {rnd + 1} {scenario:<8} {config}: {shown}", flush=True)
-                    print(f"round {rnd + 1} {scenario:<8} ({who}) {time.perf_counter() - t0:.0f}s", flush=True)
+                    print(
+                        f"round {rnd + 1} {scenario:<8} ({who}) {time.perf_counter() - t0:.0f}s", flush=True
+                    )
     except KeyboardInterrupt as exc:
         failed = f"interrupted ({exc or 'Ctrl-C'})"
     except Exception as exc:

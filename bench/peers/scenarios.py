@@ -40,7 +40,9 @@ class Config:
         return worker
 
 
-def wait(what: str, check: Callable[[], bool], timeout: float, worker: Worker | None, interval: float) -> None:
+def wait(
+    what: str, check: Callable[[], bool], timeout: float, worker: Worker | None, interval: float
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if worker is not None:
@@ -156,7 +158,7 @@ def sends(peers: list[Peer], cfg: Config) -> dict[str, dict[str, Any]]:
     kinds["INSERT one row, ordinary table"] = _insert_sender(peers[0].url)
     blocks, warmup = 4, 100
     seconds = dict.fromkeys(kinds, 0.0)
-    for label, (open_, send, _) in kinds.items():
+    for open_, send, _ in kinds.values():
         open_()
         send(warmup)
     try:
@@ -177,7 +179,9 @@ def _insert_sender(url: str) -> tuple[Callable[[], None], Callable[[int], None],
 
     def open_() -> None:
         conn = psycopg.connect(url, autocommit=True)
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_logged (id bigint, at timestamptz DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_commit_logged (id bigint, at timestamptz DEFAULT now())"
+        )
         state["conn"] = conn
 
     def send(n: int) -> None:

@@ -40,10 +40,13 @@ class TetherPeer(Peer):
             migrate(conn)
 
     def reset(self) -> None:
-        present = [r[0] for r in self.query(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename = ANY(%s)",
-            (list(TASK_TABLES),),
-        )]
+        present = [
+            r[0]
+            for r in self.query(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename = ANY(%s)",
+                (list(TASK_TABLES),),
+            )
+        ]
         with self.connect() as conn:
             conn.execute("TRUNCATE " + ", ".join(present))
 
@@ -80,16 +83,19 @@ class TetherPeer(Peer):
         return None if at is None else float(at)
 
     def left(self) -> int:
-        return int(self.query(
-            "SELECT count(*) FROM tether_tasks WHERE status IN ('PENDING', 'CLAIMED', 'RUNNING')"
-        )[0][0])
+        return int(
+            self.query("SELECT count(*) FROM tether_tasks WHERE status IN ('PENDING', 'CLAIMED', 'RUNNING')")[
+                0
+            ][0]
+        )
 
     def running(self) -> int:
         return int(self.query("SELECT count(*) FROM tether_tasks WHERE status = 'RUNNING'")[0][0])
 
     def span(self) -> tuple[float, float, int]:
         first, last, done = self.query(
-            "SELECT extract(epoch FROM min(started_at))::float8, extract(epoch FROM max(completed_at))::float8,"
+            "SELECT extract(epoch FROM min(started_at))::float8,"
+            " extract(epoch FROM max(completed_at))::float8,"
             " count(*) FILTER (WHERE status = 'COMPLETED') FROM tether_tasks"
         )[0]
         return float(first), float(last), int(done)
