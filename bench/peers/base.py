@@ -145,6 +145,24 @@ class Peer(ABC):
 
     # -- producers ----------------------------------------------------------------------------
 
+    def recovery_workers(self) -> tuple[WorkerSpec, WorkerSpec] | None:
+        """Workers A and B of the kill scenario, 1 s heartbeats and 2 s stale; None: the peer
+        makes no recovery decision by itself."""
+        return None
+
+    def ready_since(self, since: float) -> bool:
+        """A worker started at or after ``since`` (database epoch) is connected and registered."""
+        raise NotImplementedError
+
+    def decision_epoch(self) -> float | None:
+        """When the held task's worker was judged dead (database time); None: not yet."""
+        raise NotImplementedError
+
+    def claim_ms(self, since: float) -> list[float] | None:
+        """Per task sent at or after ``since``, claim - send in ms, where the peer records a claim
+        apart from the start (tether); None where its start is the claim."""
+        return None
+
     @abstractmethod
     def producer(self, task: str) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
         """(open, send one ``task``, close): the pickup scenario's producer."""

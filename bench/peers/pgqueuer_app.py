@@ -38,11 +38,11 @@ async def create() -> AsyncIterator[PgQueuer]:
 
 
 def main() -> None:
-    """``python -m bench.peers.pgqueuer_app [--batch-size N] [--heartbeat-timeout S]``: what
-    ``pgq run bench.peers.pgqueuer_app:create`` does, through ``pgqueuer.run`` (its documented
-    programmatic form: ``pgq run`` fails at its logger set-up with pgqueuer 1.6.0 here,
-    ``'str' object has no attribute 'name'``). ``--heartbeat-timeout`` is pgqueuer's staleness
-    threshold; it beats at half of it."""
+    """``python -m bench.peers.pgqueuer_app [--batch-size N] [--heartbeat-timeout S]
+    [--dequeue-timeout S]``: what ``pgq run bench.peers.pgqueuer_app:create`` does, through
+    ``pgqueuer.run`` (its documented programmatic form: ``pgq run`` fails at its logger set-up
+    with pgqueuer 1.6.0 here, ``'str' object has no attribute 'name'``).
+    ``--heartbeat-timeout`` is pgqueuer's staleness threshold; it beats at half of it."""
     import argparse
     from datetime import timedelta
 
@@ -51,12 +51,14 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.peers.pgqueuer_app")
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--heartbeat-timeout", type=float, default=30.0)
+    p.add_argument("--dequeue-timeout", type=float, default=30.0)
     args = p.parse_args()
     asyncio.run(
         pgqueuer.run(
             create,
             batch_size=args.batch_size,
             heartbeat_timeout=timedelta(seconds=args.heartbeat_timeout),
+            dequeue_timeout=timedelta(seconds=args.dequeue_timeout),
         )
     )
 

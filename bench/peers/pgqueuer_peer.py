@@ -69,6 +69,33 @@ class PgqueuerPeer(Peer):
             str(STALE_S),
         )
 
+    def recovery_workers(self) -> tuple[WorkerSpec, WorkerSpec] | None:
+        # B re-picks the job once its heartbeat is older than heartbeat_timeout, at its next
+        # dequeue: an idle worker dequeues on a NOTIFY or after dequeue_timeout (30 s by
+        # default), so it is set to 1 s, as tether's reaper checks every 1 s here.
+        args = ["--batch-size", "10", "--heartbeat-timeout", str(STALE_S), "--dequeue-timeout", "1"]
+        label = f"batch 10, heartbeat_timeout {STALE_S:g} s, dequeue_timeout 1 s"
+        a = self._worker(f"A, {label}", *args)
+        b = self._worker(f"B, {label}", *args)
+        b.env["PGAPPNAME"] = "peers-bench-b"  # libpq's default application_name: B's session
+        return a, b
+
+    def ready_since(self, since: float) -> bool:
+        return bool(
+            self.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'peers-bench-b' AND backend_start >= to_timestamp(%s)",
+                (since,),
+            )[0][0]
+        )
+
+    def decision_epoch(self) -> float | None:
+        rows = self.query(
+            "SELECT extract(epoch FROM created)::float8 FROM pgqueuer_log"
+            " WHERE entrypoint = 'hold' AND status = 'picked' ORDER BY created OFFSET 1 LIMIT 1"
+        )
+        return float(rows[0][0]) if rows else None
+
     def first_start_epoch(self) -> float | None:
         (at,) = self.query(
             "SELECT extract(epoch FROM min(created))::float8 FROM pgqueuer_log WHERE status = 'picked'"

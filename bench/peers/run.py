@@ -36,7 +36,7 @@ from bench.peers.base import Peer
 
 EXTRA = "bench-peers"
 PEERS = ("tether", "pgqueuer", "procrastinate")
-SCENARIOS = ("startup", "drain", "pickup", "sends", "commits")
+SCENARIOS = ("startup", "drain", "pickup", "sends", "commits", "recovery")
 BUSY = 15.0  # % of the machine's CPU: above it, another process is competing
 
 
@@ -143,9 +143,12 @@ FIGURES: dict[str, tuple[str, str, str]] = {
     "steady_rate": ("tasks/s, first start to last done", "/s", "{:,.0f}"),
     "p50_ms": ("pickup p50", "ms", "{:.1f}"),
     "p99_ms": ("pickup p99", "ms", "{:.1f}"),
+    "claim_p50_ms": ("claim alone (claimed_at - sent_at) p50", "ms", "{:.1f}"),
+    "claim_p99_ms": ("claim alone (claimed_at - sent_at) p99", "ms", "{:.1f}"),
     "rate": ("sends/s, one producer", "/s", "{:,.0f}"),
     "idle_commits_per_s": ("commits/s, idle worker", "/s", "{:.2f}"),
     "busy_commits_per_s": ("commits/s, 50 tasks running", "/s", "{:.2f}"),
+    "kill_to_decision_s": ("whole-worker SIGKILL to recovery decision", "s", "{:.2f}"),
 }
 
 
@@ -209,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                 if scenario == "sends":
                     runs = [("all", lambda: scenarios.sends(peers, cfg))]
                 else:
-                    runs = [(p.name, _one(scenario, p, cfg, args.database_url, dbs[p.name])) for p in order]
+                    runs = [
+                        (p.name, _one(scenario, p, cfg, args.database_url, dbs[p.name], rnd)) for p in order
+                    ]
                 for who, run in runs:
                     t0 = time.perf_counter()
                     out = run()
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one(
-    scenario: str, peer: Peer, cfg: scenarios.Config, server_url: str, dbname: str
+    scenario: str, peer: Peer, cfg: scenarios.Config, server_url: str, dbname: str, rnd: int
 ) -> Callable[[], dict[str, dict[str, Any]]]:
     if scenario == "startup":
         return lambda: scenarios.startup(peer, cfg)
@@ -282,4 +287,6 @@ def _one(
         return lambda: scenarios.drain(peer, cfg)
     if scenario == "pickup":
         return lambda: scenarios.pickup(peer, cfg)
+    if scenario == "recovery":
+        return lambda: scenarios.recovery(peer, cfg, rnd)
     return lambda: scenarios.commits(peer, cfg, server_url, dbname)

@@ -143,6 +143,13 @@ def pickup(peer: Peer, cfg: Config) -> dict[str, dict[str, Any]]:
             "max_ms": values[-1],
             "measured": meaning,
         }
+        claims = peer.claim_ms(since)
+        if claims:  # tether: the claim alone, the moment the peers' figures stop at
+            claims.sort()
+            out[spec.label] |= {
+                "claim_p50_ms": percentile(claims, 50),
+                "claim_p99_ms": percentile(claims, 99),
+            }
     return out
 
 
@@ -237,3 +244,37 @@ def _window(server_url: str, dbname: str, seconds: float, worker: Worker) -> flo
         worker.check_alive()
         after, t1 = read()
     return (after - before) / (t1 - t0)
+
+
+# -- f. whole-worker SIGKILL to the recovery decision ---------------------------------------------
+
+
+def recovery(peer: Peer, cfg: Config, rnd: int) -> dict[str, dict[str, Any]]:
+    """A holds a task; B runs beside it; A's whole session is SIGKILLed at a random point of
+    its heartbeat cycle; the figure is the decision's database time minus a ``now()`` read
+    just before the kill."""
+    specs = peer.recovery_workers()
+    if specs is None:
+        return {}
+    spec_a, spec_b = specs
+    peer.reset()
+    a = cfg.start(spec_a)
+    b: Worker | None = None
+    try:
+        warm(peer, cfg, a)
+        peer.enqueue("hold", 1, (3600.0,))
+        wait("the held task to run on A", lambda: peer.running() == 1, 60, a, 0.02)
+        since = db_epoch(peer)
+        b = cfg.start(spec_b)
+        wait("B to be up", lambda: peer.ready_since(since), 60, b, 0.02)
+        time.sleep(random.Random(rnd).uniform(1.0, 2.0))  # B's start-up done; a random point of A's beat
+        kill_at = db_epoch(peer)
+        a.kill()  # SIGKILL to A's session; returns once A's main process is reaped
+        wait("the recovery decision", lambda: peer.decision_epoch() is not None, 90, b, 0.01)
+        decided = peer.decision_epoch()
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+    assert decided is not None
+    return {spec_a.label.replace("A, ", "", 1): {"kill_to_decision_s": decided - kill_at}}

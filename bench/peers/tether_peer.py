@@ -108,6 +108,41 @@ class TetherPeer(Peer):
         )
         return [float(r[0]) for r in rows], "started_at - sent_at (the start write, before the body)"
 
+    def recovery_workers(self) -> tuple[WorkerSpec, WorkerSpec] | None:
+        # As bench/recovery.py's recovery_worker_kill: two workers --processes 2, fast settings.
+        return (
+            self._worker("A, 2 sync processes, 1 s/2 s/1 s", SYNC_APP, "--processes", "2", env=FAST_ENV),
+            self._worker("B, 2 sync processes, 1 s/2 s/1 s", SYNC_APP, "--processes", "2", env=FAST_ENV),
+        )
+
+    def ready_since(self, since: float) -> bool:
+        return bool(
+            self.query(
+                "SELECT count(*) FROM tether_workers"
+                " WHERE started_at >= to_timestamp(%s) AND status = 'active'",
+                (since,),
+            )[0][0]
+        )
+
+    def decision_epoch(self) -> float | None:
+        rows = self.query(
+            "SELECT extract(epoch FROM failed_at)::float8, error_code FROM tether_tasks"
+            " WHERE name = 'hold' AND status = 'FAILED'"
+        )
+        if not rows:
+            return None
+        if rows[0][1] != "WORKER_CRASHED":
+            raise RuntimeError(f"the held task FAILED with {rows[0][1]}, not WORKER_CRASHED")
+        return float(rows[0][0])
+
+    def claim_ms(self, since: float) -> list[float] | None:
+        rows = self.query(
+            "SELECT 1000 * extract(epoch FROM claimed_at - sent_at)::float8 FROM tether_tasks"
+            " WHERE status = 'COMPLETED' AND sent_at >= to_timestamp(%s)",
+            (since,),
+        )
+        return [float(r[0]) for r in rows]
+
     def producer(self, task: str) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
         state: dict[str, Any] = {}
 
