@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tether.broker import PostgresBroker, suspensions
 from tether.broker.types import CallerConn, Conn
 from tether.caller_transaction import check_connection, run_in
 from tether.suspending import check_key, encode_payload
 
-if TYPE_CHECKING:
-    from tether.app import Tether
+
+class _App(Protocol):
+    """What AppWithOptions uses of the app (a Tether): named here, not imported, since
+    tether.app imports this module."""
+
+    @property
+    def broker(self) -> PostgresBroker: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,7 @@ def send_event(
 class AppWithOptions:
     """``app.with_options(connection=conn)``: the app's calls that can join the caller's transaction."""
 
-    def __init__(self, app: Tether, connection: Any) -> None:
+    def __init__(self, app: _App, connection: Any) -> None:
         self.app = app
         self.connection = check_connection(connection)
 
