@@ -233,3 +233,15 @@ def session_cpu_since(db: BenchDatabase, before: dict[int, float], name_prefix: 
     counts whole; one closed since is lost: read this before the worker stops)."""
     now = session_cpu(db, name_prefix)
     return sum(cpu - before.get(pid, 0.0) for pid, cpu in now.items())
+
+
+def cache_bytecode(*trees: Path) -> None:
+    """Compile the sources of these trees (tether's src, bench/) to bytecode beside them, as
+    pip does for an installed package: an editable install is not compiled, and a machine
+    with PYTHONDONTWRITEBYTECODE set (this one) never caches it, so every worker started
+    would compile ~180 modules again (about 0.5 s here), which the peers, installed from
+    wheels, never pay. Start-up figures are meant with bytecode cached."""
+    import compileall
+
+    for tree in trees:
+        compileall.compile_dir(str(tree), quiet=1, workers=1)

@@ -34,7 +34,7 @@ from tests.harness import REPO
 from bench.apps import make_app
 from bench.async_tasks import ASYNC_SCENARIOS
 from bench.held_horizon import HELD_HORIZON_SCENARIOS
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, cache_bytecode
 from bench.limits import LIMITS_SCENARIOS
 from bench.periodic import PERIODIC_SCENARIOS
 from bench.recovery import RECOVERY_SCENARIOS
@@ -198,6 +198,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    cache_bytecode(REPO / "src", REPO / "bench")  # as an installed tether would be
     signal.signal(signal.SIGTERM, _terminate)
     log_dir = Path(tempfile.mkdtemp(prefix="tether-bench-"))
     db = BenchDatabase(args.database_url)

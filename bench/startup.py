@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.apps import make_app
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, connect_dict, task_children, wait_for
+from bench.infra import (
+    DEFAULT_SERVER_URL,
+    BenchDatabase,
+    cache_bytecode,
+    connect_dict,
+    task_children,
+    wait_for,
+)
 from tether.db.migrate import migrate
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         label, setting = spec.split(":", 1)
         name, value = setting.split("=", 1)
         variants.append(Variant(label, trees[0], {**common, name: value}))
+    cache_bytecode(*trees, REPO / "bench")
     db = BenchDatabase(args.database_url)
     db.create()
     log = Path(f"/tmp/{db.name}-workers.log")

@@ -30,7 +30,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from bench.infra import DEFAULT_SERVER_URL, with_database
+from bench.infra import DEFAULT_SERVER_URL, REPO, cache_bytecode, with_database
 from bench.peers import scenarios
 from bench.peers.base import Peer
 
@@ -174,6 +174,7 @@ def table(results: dict[str, dict[str, dict[str, list[float]]]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     require(args.peer_names)
+    cache_bytecode(REPO / "src", REPO / "bench")  # the peers come compiled, from wheels
     signal.signal(signal.SIGTERM, _terminate)
     log_dir = Path(tempfile.mkdtemp(prefix="tether-peers-"))
     tag = secrets.token_hex(3)
