@@ -11,7 +11,7 @@ from tether.config import (
     WorkerConfig,
 )
 from tether.current import RunningTask, current_task
-from tether.handle import AttemptInfo, TaskHandle, TaskInfo, TaskStepInfo
+from tether.handle import AttemptInfo, TaskHandle, TaskInfo, TaskStepInfo, TaskSuspension
 from tether.limits import QueueLimits
 from tether.progress import report_progress, report_progress_async
 from tether.queue_control import QueueInfo
@@ -58,6 +58,7 @@ __all__ = [
     "TaskResult",
     "TaskStatus",
     "TaskStepInfo",
+    "TaskSuspension",
     "Tether",
     "WorkerConfig",
     "Workflow",

@@ -13,6 +13,7 @@ from tether.broker import tasks
 from tether.broker.rows import AttemptInfo as AttemptInfo
 from tether.broker.rows import TaskInfo as TaskInfo
 from tether.broker.rows import TaskStepInfo as TaskStepInfo
+from tether.broker.rows import TaskSuspension as TaskSuspension
 from tether.broker.rows import result_from_row
 from tether.cancelling import CancelReply
 from tether.errors import TaskNotFoundError
@@ -60,9 +61,10 @@ class TaskHandle(Generic[T]):
         return _status(self.id, await in_thread(self._get_status))
 
     def info(self) -> TaskInfo:
-        """The task's row, its finished attempts and its recorded steps (``info.steps``: name,
-        occurrence, attempt, when, size; docs/durable-steps.md#seeing-the-steps). Raises
-        TaskNotFoundError for an unknown id."""
+        """The task's row, its finished attempts, its recorded steps (``info.steps``: name,
+        occurrence, attempt, when, size; docs/durable-steps.md#seeing-the-steps) and its
+        current durable sleep or wait (``info.suspension``, a TaskSuspension; None when it
+        neither sleeps nor waits). Raises TaskNotFoundError for an unknown id."""
         info = self.app.broker.run(lambda conn: tasks.get_task(conn, self.id))
         if info is None:
             raise _not_found(self.id)

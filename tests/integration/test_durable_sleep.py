@@ -8,11 +8,12 @@ worker, can be cancelled, and a frozen attempt recovered elsewhere cannot suspen
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import re
 import signal
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +25,8 @@ from tests.chaos.conftest import FAST, check_history, ensure_chaos_ledger, runs,
 from tests.chaos.conftest import stopped_groups as stopped_groups  # the fixture, for the freeze
 from tests.cli_support import run, run_json
 from tests.conftest import WorkerFactory, wait_until
+from tests.integration.test_steps_view import call, serve
+from tether import TaskSuspension
 
 APP = "tests.apps.sleeps:app"
 ONE_CHILD = ("--processes", "1", "--async-processes", "0")
@@ -187,6 +190,38 @@ def test_a_sleeping_task_is_shown_sleeping_and_can_be_cancelled(
     row = wait_status(db, handle.id, "CANCELLED", timeout=10)
     assert row["error_code"] == "TASK_CANCELLED"
     assert [runs(db, f"{tok}:{s}") for s in ("before", "after")] == [1, 0]
+
+
+def test_info_and_the_dashboard_show_the_sleep_until_the_task_completes(
+    sleeps: ModuleType, db: Conn, workers: WorkerFactory
+) -> None:
+    """handle.info() (sync and async) and /api/tasks/<id> give the current sleep, read by the
+    statement tether task ID reads it with; once the task completed, None."""
+    workers.start(APP, *ONE_CHILD)
+    handle = sleeps.nap.send(token(), 5)
+    row = suspended(db, handle.id)
+    state = f"sleeping until {row['resume_at'].isoformat(sep=' ', timespec='seconds')} (after step 'before')"
+    expected = TaskSuspension(str(handle.id), row["resume_at"], None, False, None, "before")
+    server = serve(sleeps.app.broker, "sleepview-" + token())
+    try:
+        info = handle.info()
+        assert info.status == "PENDING" and info.suspension == expected, info.suspension
+        assert info.suspension.kind == "sleep" and info.suspension.describe() == state
+        assert asyncio.run(handle.info_async()).suspension == expected
+        code, page = call(server, f"api/tasks/{handle.id}")
+        assert code == 200, page
+        assert page["task"]["suspension"]["kind"] == "sleep"
+        assert page["task"]["suspension"]["state"] == state
+        assert page["task"]["suspension"]["after_step"] == "before"
+        assert datetime.fromisoformat(page["task"]["suspension"]["run_at"]) == row["resume_at"]
+
+        assert wait_status(db, handle.id, {"COMPLETED", "FAILED"}, timeout=30)["status"] == "COMPLETED"
+        assert handle.info().suspension is None
+        code, page = call(server, f"api/tasks/{handle.id}")
+        assert (code, page["task"]["status"], page["task"]["suspension"]) == (200, "COMPLETED", None)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_bad_sleeps_and_waits_are_refused_naming_the_argument(

@@ -152,6 +152,15 @@ def test_a_send_in_the_callers_transaction_counts_only_if_it_commits(
     timeout = row["resume_at"].isoformat(sep=" ", timespec="seconds")
     shown = run_json(database_url, "task", str(handle.id))["suspension"]["state"]
     assert shown == f"waiting for event {key!r} (timeout at {timeout}; after step 'before')"
+    # handle.info() gives it too, typed: the wait's key, its timeout, the step before it.
+    suspension = handle.info().suspension
+    assert suspension is not None and suspension.describe() == shown
+    assert (suspension.kind, suspension.event_key, suspension.waiting) == ("event", key, True)
+    assert (suspension.until, suspension.run_at, suspension.after_step) == (
+        row["resume_at"],
+        row["resume_at"],
+        "before",
+    )
     with psycopg.connect(direct_url) as conn:
         with conn.transaction(force_rollback=True):
             sent = sleeps.app.with_options(connection=conn).send_event(key, "rolled back")
@@ -162,6 +171,7 @@ def test_a_send_in_the_callers_transaction_counts_only_if_it_commits(
             sleeps.app.with_options(connection=conn).send_event(key, "committed")
     row = wait_status(db, handle.id, {"COMPLETED", "FAILED"}, timeout=30)
     assert row["result"]["ok"]["payload"] == "committed", row
+    assert handle.info().suspension is None  # done waiting: nothing to show
 
 
 def test_bad_events_are_refused_and_change_nothing(sleeps: ModuleType, db: Conn, database_url: str) -> None:

@@ -2,12 +2,13 @@
 tether names; and the list rows that share their columns (TaskSummary, WorkflowSummary).
 
 ``tether.TaskInfo``, ``tether.AttemptInfo``, ``tether.TaskStepInfo`` (a checkpointed step of a
-task), ``tether.QueueInfo``, ``tether.WorkflowInfo``, ``tether.StepInfo`` (a workflow's step)
-and the bulk retry's ``RetrySample`` are defined here, where the broker can build them
-without importing the handles (which import the broker), and re-exported from the modules
-users import them from (``tether.handle``, ``tether.queue_control``,
-``tether.workflow.handle``, ``tether.retrying``). The broker's statements return them
-directly: no second class copies their fields.
+task), ``tether.TaskSuspension`` (its current durable sleep or wait), ``tether.QueueInfo``,
+``tether.WorkflowInfo``, ``tether.StepInfo`` (a workflow's step) and the bulk retry's
+``RetrySample`` are defined here, where the broker can build them without importing the
+handles (which import the broker), and re-exported from the modules users import them from
+(``tether.handle``, ``tether.queue_control``, ``tether.workflow.handle``,
+``tether.retrying``). The broker's statements return them directly: no second class copies
+their fields.
 
 A row becomes its type once, at the broker's boundary: a status column becomes its enum of
 tether.result (TaskStatus, WorkflowStatus, StepStatus: StrEnums, so they compare equal to
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tether.broker.types import Row
 from tether.codec import decode_result
@@ -73,6 +74,63 @@ class TaskStepInfo:
     attempt: int
     written_at: datetime
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSuspension:
+    """What a PENDING task after a durable sleep or a wait for an event waits for
+    (docs/durable-steps.md): ``TaskInfo.suspension``, tether task ID, tether tasks and the
+    dashboard's task page. Read by broker/suspensions.py's ``suspension_states``.
+
+    ``kind`` is "sleep" or "event"; ``run_at`` when the task is due (a sleep's end, a wait's
+    timeout, or now once its event came); ``until`` a wait's timeout (None: no timeout);
+    ``waiting`` False once the event came and the task is due to resume; ``after_step`` the
+    last step of its own the task completed (None: none yet).
+    """
+
+    task_id: str
+    run_at: datetime  # when it is due
+    event_key: str | None  # None: a sleep
+    waiting: bool  # a wait still open (False: its event came, it is due)
+    until: datetime | None  # the wait's timeout (None: none, or a sleep: see run_at)
+    after_step: str | None  # the last step of its own it completed (None: none yet)
+
+    @property
+    def kind(self) -> Literal["sleep", "event"]:
+        return "sleep" if self.event_key is None else "event"
+
+    def describe(self) -> str:
+        """The line tether task ID and the dashboard show after "Suspended: "."""
+        after = f"after step {self.after_step!r}" if self.after_step else "before any step"
+        if self.event_key is None:
+            return f"sleeping until {_when(self.run_at)} ({after})"
+        if not self.waiting:
+            return f"event {self.event_key!r} delivered: resuming ({after})"
+        timeout = "no timeout" if self.until is None else f"timeout at {_when(self.until)}"
+        return f"waiting for event {self.event_key!r} ({timeout}; {after})"
+
+    def as_json(self) -> dict[str, object]:
+        """For tether task ID --json and /api/tasks/<id>: the fields, the kind and the line
+        describe() gives."""
+        return {
+            "kind": self.kind,
+            "run_at": self.run_at,
+            "event_key": self.event_key,
+            "waiting": self.waiting,
+            "until": self.until,
+            "after_step": self.after_step,
+            "state": self.describe(),
+        }
+
+    def short(self) -> str:
+        """For a list's status column (tether tasks)."""
+        if self.event_key is None:
+            return f"sleeping until {self.run_at:%H:%M:%S}"
+        return f"waiting for {self.event_key!r}" if self.waiting else "event delivered"
+
+
+def _when(at: datetime) -> str:
+    return at.isoformat(sep=" ", timespec="seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,30 +198,43 @@ class TaskInfo(TaskCore):
     stored_result: Any = None  # the result column as stored (JSON)
     # Its checkpointed steps in the order recorded (docs/durable-steps.md#seeing-the-steps).
     steps: tuple[TaskStepInfo, ...] = ()
+    # A PENDING task after a durable sleep or a wait: what it waits for; None otherwise
+    # (docs/durable-steps.md#seeing-the-steps).
+    suspension: TaskSuspension | None = None
 
     @classmethod
     def from_row(
-        cls, row: Row, attempts: Sequence[AttemptInfo], steps: Sequence[TaskStepInfo] = ()
+        cls,
+        row: Row,
+        attempts: Sequence[AttemptInfo],
+        steps: Sequence[TaskStepInfo] = (),
+        suspension: TaskSuspension | None = None,
     ) -> TaskInfo:
-        """A get_task row (its result column named stored_result), the task's attempts and steps."""
+        """A get_task row (its result column named stored_result), the task's attempts and
+        steps, and its current sleep or wait."""
         status = row["status"] = TaskStatus(row["status"])
         return cls(
             **row,
             result=result_from_row(status, row["stored_result"]),
             attempts=tuple(attempts),
             steps=tuple(steps),
+            suspension=suspension,
         )
 
     def as_stored(self) -> dict[str, Any]:
         """The row as stored, for JSON (``tether task --json``, the dashboard's task): every
-        field but ``attempts`` and ``steps``, with ``result`` the stored JSON."""
+        field but ``attempts`` and ``steps``, with ``result`` the stored JSON and
+        ``suspension`` as TaskSuspension.as_json gives it (or None)."""
         shown = {name: getattr(self, name) for name in _STORED_FIELDS}
         shown["result"] = self.stored_result
+        shown["suspension"] = None if self.suspension is None else self.suspension.as_json()
         return shown
 
 
 _STORED_FIELDS = tuple(
-    f.name for f in fields(TaskInfo) if f.name not in ("result", "attempts", "stored_result", "steps")
+    f.name
+    for f in fields(TaskInfo)
+    if f.name not in ("result", "attempts", "stored_result", "steps", "suspension")
 )
 
 

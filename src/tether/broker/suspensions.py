@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tether.broker.queries import q
+from tether.broker.rows import TaskSuspension
 from tether.broker.types import Conn
 
 #: The step names a sleep and a wait are recorded under (tether_task_steps).
@@ -124,54 +125,16 @@ def send_event(conn: Conn, *, key: str, payload: str) -> EventSent:
     return EventSent(int(row["event_id"]), row["delivered_to"])
 
 
-@dataclass(frozen=True, slots=True)
-class SuspensionState:
-    """A PENDING task after a sleep or a wait: what it waits for (tether task ID, tether tasks)."""
-
-    task_id: str
-    run_at: datetime  # when it is due
-    event_key: str | None  # None: a sleep
-    waiting: bool  # a wait still open (False: its event came, it is due)
-    until: datetime | None  # the wait's timeout (None: none, or a sleep: see run_at)
-    after_step: str | None  # the last step of its own it completed (None: none yet)
-
-    def describe(self) -> str:
-        after = f"after step {self.after_step!r}" if self.after_step else "before any step"
-        if self.event_key is None:
-            return f"sleeping until {_when(self.run_at)} ({after})"
-        if not self.waiting:
-            return f"event {self.event_key!r} delivered: resuming ({after})"
-        timeout = "no timeout" if self.until is None else f"timeout at {_when(self.until)}"
-        return f"waiting for event {self.event_key!r} ({timeout}; {after})"
+#: The name this module always gave the type (public as ``tether.TaskSuspension``, rows.py).
+SuspensionState = TaskSuspension
 
 
-    def as_json(self) -> dict[str, object]:
-        """For tether task ID --json: the fields and the line describe() gives."""
-        return {
-            "run_at": self.run_at,
-            "event_key": self.event_key,
-            "waiting": self.waiting,
-            "until": self.until,
-            "after_step": self.after_step,
-            "state": self.describe(),
-        }
-
-    def short(self) -> str:
-        """For a list's status column (tether tasks)."""
-        if self.event_key is None:
-            return f"sleeping until {self.run_at:%H:%M:%S}"
-        return f"waiting for {self.event_key!r}" if self.waiting else "event delivered"
-
-
-def _when(at: datetime) -> str:
-    return at.isoformat(sep=" ", timespec="seconds")
-
-
-def suspension_states(conn: Conn, task_ids: list[str]) -> dict[str, SuspensionState]:
-    """The state of each of ``task_ids`` that is PENDING after a sleep or a wait (others absent)."""
+def suspension_states(conn: Conn, task_ids: list[str]) -> dict[str, TaskSuspension]:
+    """The state of each of ``task_ids`` that is PENDING after a sleep or a wait (others absent):
+    tether task ID, tether tasks, ``TaskInfo.suspension`` and the dashboard's task page."""
     rows = conn.execute(q("suspension_states"), {"ids": task_ids}).fetchall()
     return {
-        row["id"]: SuspensionState(
+        row["id"]: TaskSuspension(
             row["id"],
             row["run_at"],
             row["event_key"],

@@ -19,6 +19,7 @@ from tether.broker.answers import Answer
 from tether.broker.queries import q
 from tether.broker.rows import AttemptInfo, TaskInfo, with_status
 from tether.broker.steps import list_steps
+from tether.broker.suspensions import suspension_states
 from tether.broker.types import AsyncConn, Conn
 from tether.result import TaskStatus
 
@@ -160,14 +161,21 @@ class Heartbeat:
 
 
 def get_task(conn: Conn, task_id: UUID, *, steps: bool = True) -> TaskInfo | None:
-    """The task's row, its finished attempts and (``steps``) its recorded steps: three
-    statements, so an outcome or a step recorded between them can show in a later list and
-    not yet in the row. ``steps=False``: no steps read (``TaskInfo.steps`` empty)."""
+    """The task's row, its finished attempts and (``steps``) its recorded steps and, PENDING,
+    its current sleep or wait: separate statements, so an outcome or a step recorded between
+    them can show in a later list and not yet in the row. ``steps=False``: neither steps nor
+    suspension read (``TaskInfo.steps`` empty, ``TaskInfo.suspension`` None)."""
     row = conn.execute(q("get_task"), {"id": task_id}).fetchone()
     if row is None:
         return None
     attempts = get_attempts(conn, task_id)
-    return TaskInfo.from_row(row, attempts, list_steps(conn, task_id) if steps else ())
+    if not steps:
+        return TaskInfo.from_row(row, attempts)
+    # Only a PENDING task can be suspended: the others skip the statement.
+    suspension = (
+        suspension_states(conn, [str(task_id)]).get(str(task_id)) if row["status"] == "PENDING" else None
+    )
+    return TaskInfo.from_row(row, attempts, list_steps(conn, task_id), suspension)
 
 
 def get_status(conn: Conn, task_id: UUID) -> TaskState | None:

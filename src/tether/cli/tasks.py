@@ -142,12 +142,10 @@ def task(task_id: str, database_url: str | None, as_json: bool) -> None:
         raise click.ClickException(f"no task with id {tid}")
     attempts = info.attempts
     beats = broker.run(lambda conn: get_heartbeats(conn, tid, limit=10))
-    stored = info.as_stored()  # the row as stored: its result as the JSON it is kept as
-    # A sleep or a wait: what the task waits for (docs/durable-steps.md#durable-sleep).
-    from tether.broker.suspensions import suspension_states
-
-    state = broker.run(lambda conn: suspension_states(conn, [str(tid)])).get(str(tid))
-    stored["suspension"] = None if state is None else state.as_json()
+    # The row as stored: its result as the JSON it is kept as, and its current sleep or wait
+    # (info.suspension; docs/durable-steps.md#durable-sleep) as "suspension".
+    stored = info.as_stored()
+    state = info.suspension
     if as_json:
         common.emit_json({**stored, "attempts": attempts, "steps": info.steps, "heartbeats": beats})
         return
