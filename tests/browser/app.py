@@ -1,6 +1,6 @@
 """The app the dashboard's browser tests run: tasks that finish, fail, crash with a traceback,
-fail once and then work (one of them after two checkpointed steps), run until cancelled, and
-kill the child running them."""
+fail once and then work (one of them after two checkpointed steps), sleep durably after a
+step, run until cancelled, and kill the child running them."""
 
 from __future__ import annotations
 
@@ -47,6 +47,16 @@ def steps_fail_once(label: str) -> TaskResult[str, TaskError]:
     if me.attempt <= 1:
         return TaskResult(err=TaskError("NOT_YET", f"{label}: the first attempt always fails"))
     return TaskResult(ok=f"{label} worked on attempt {me.attempt}")
+
+
+@app.task("ui.naps")
+def naps(seconds: float) -> TaskResult[str, TaskError]:
+    """A checkpointed step, a durable sleep of ``seconds`` (the task PENDING meanwhile), done."""
+    me = current_task()
+    assert me is not None
+    me.step("fetch", lambda: 1)
+    me.sleep(seconds)
+    return TaskResult(ok="rested")
 
 
 @app.task("ui.until_cancelled")

@@ -1,5 +1,5 @@
 """The dashboard's pages in a real browser: the overview, the task list with its filters and
-pages, a task, a workflow, queues and workers, and the read-only mode."""
+pages, a task (and its durable sleep), a workflow, queues and workers, and the read-only mode."""
 
 from __future__ import annotations
 
@@ -132,6 +132,23 @@ def test_a_task_page_shows_its_error_traceback_attempts_and_heartbeats(
     # Without the token entered, no action is offered.
     expect(page.locator("#task-actions button")).to_have_count(0)
     page.screenshot(path=str(screenshots / "dashboard-task.png"), full_page=True)
+
+
+def test_a_task_page_shows_its_sleep_until_it_resumes(
+    ui: ModuleType, workers: WorkerFactory, read_only_dashboard: DashboardProcess, page: Page
+) -> None:
+    workers.start(APP, "--queues", "default", "--processes", "1")
+    handle = ui.naps.send(6)
+    suspension = wait_until(lambda: handle.info().suspension, WAIT, message="the task to sleep")
+    until = suspension.run_at.isoformat(sep=" ", timespec="seconds")
+
+    page.goto(f"{read_only_dashboard.url}#/task/{handle.id}")
+    expect(page.locator("#task-fields tr[data-field=status]")).to_contain_text("PENDING")
+    line = page.locator("#task-fields tr[data-field=suspension] td")
+    expect(line).to_have_text(f"sleeping until {until} (after step 'fetch')")
+    # The page refreshes: once the sleep ended and the task completed, the line is gone.
+    expect(page.locator("#task-fields tr[data-field=status]")).to_contain_text("COMPLETED")
+    expect(line).to_have_count(0)
 
 
 def test_a_workflow_page_draws_its_steps_and_links_them(

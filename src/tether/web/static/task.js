@@ -1,5 +1,6 @@
 // One task (#/task/<id>): its fields, arguments, result or error with its traceback, its
-// attempts and heartbeats on a timeline (timeline.js), every attempt, its recorded steps,
+// current durable sleep or wait, attempts and heartbeats on a timeline (timeline.js), every
+// attempt, its recorded steps,
 // the latest heartbeats, the workflow it is a step of; cancel, retry (from its last
 // recorded step) and retry from scratch.
 import { badge, confirmButton, el, fields, json, link, route, table, time, workflowLink } from "./dom.js";
@@ -22,6 +23,9 @@ export async function render(view, ctx) {
   view.append(fields([
     ["id", el("code", { text: t.id })],
     ["status", badge(t.status), "status"],
+    // A PENDING task after a durable sleep or a wait: what it waits for, the line
+    // `tether task ID` prints after "Suspended:" (docs/durable-steps.md).
+    ["suspended", t.suspension ? t.suspension.state : null, "suspension"],
     ["name", link(route("tasks", { name: t.name }), t.name)],
     ["queue", link(route("tasks", { queue: t.queue }), t.queue)],
     ["priority", t.priority],
