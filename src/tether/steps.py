@@ -95,13 +95,8 @@ class StepBook:
                 f"step {name!r}: step() was called inside a running event loop, where its database "
                 "wait would block every task of the loop; use `await current_task().step_async(...)`"
             )
-        occurrence = self._next_occurrence(name)
-        with self._lock:
-            if self._done is None:
-                self._done = self.store.load()
-            stored = self._done.get((name, occurrence))
+        occurrence, stored = self.lookup(name)
         if stored is not None:
-            self.replayed += 1
             replayed: T = codec.loads(stored)
             return replayed
         try:
@@ -124,11 +119,8 @@ class StepBook:
     async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Like step, without blocking the event loop; ``fn`` may be an ``async def``."""
         _check(name, fn)
-        occurrence = self._next_occurrence(name)  # before any await: call order decides
-        done = await self._loaded_async()
-        stored = done.get((name, occurrence))
+        occurrence, stored = await self.lookup_async(name)
         if stored is not None:
-            self.replayed += 1
             return codec.loads(stored)
         try:
             value = fn(*args, **kwargs)
@@ -155,11 +147,12 @@ class StepBook:
         self._done = done
         return done
 
-    # -- tether's own steps (durable sleep and events: tether.suspending) ---------------
+    # -- the lookup behind step() and tether's own steps (sleep and events: tether.suspending)
 
     def lookup(self, name: str) -> tuple[int, str | None]:
-        """The next occurrence of one of tether's own step names and its stored JSON (None:
-        not stored). Counted like any step: the n-th sleep of an attempt is occurrence n."""
+        """The next occurrence of step ``name`` and its stored JSON (None: not stored; a
+        stored one counts as replayed). tether's own steps are counted like any step: the
+        n-th sleep of an attempt is occurrence n."""
         occurrence = self._next_occurrence(name)
         with self._lock:
             if self._done is None:
@@ -170,6 +163,7 @@ class StepBook:
         return occurrence, stored
 
     async def lookup_async(self, name: str) -> tuple[int, str | None]:
+        """lookup() without blocking the event loop."""
         occurrence = self._next_occurrence(name)  # before any await: call order decides
         stored = (await self._loaded_async()).get((name, occurrence))
         if stored is not None:

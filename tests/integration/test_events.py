@@ -14,25 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.apps.support import attempt_rows, load_app_module, task_row
-from tests.chaos.conftest import check_history, ensure_chaos_ledger, runs, token, wait_status
+from tests.apps.support import attempt_rows, task_row
+from tests.chaos.conftest import check_history, runs, token, wait_status
 from tests.cli_support import run_json, tether_command
 from tests.conftest import WorkerFactory, wait_until
+from tests.integration.test_durable_sleep import APP, ASYNC_ONLY, ONE_CHILD, WAKE_BOUND_S, Conn
+from tests.integration.test_durable_sleep import sleeps as sleeps  # the fixture: the same app and ledger
 from tether.errors import EventError
-
-APP = "tests.apps.sleeps:app"
-ONE_CHILD = ("--processes", "1", "--async-processes", "0")
-ASYNC_ONLY = ("--processes", "0", "--async-processes", "1")
-WAKE_BOUND_S = 1.0
-
-Conn = psycopg.Connection[Any]
-
-
-@pytest.fixture
-def sleeps(database_url: str, db: Conn) -> ModuleType:
-    ensure_chaos_ledger(db)
-    db.execute("TRUNCATE tether_chaos_ledger")
-    return load_app_module("sleeps", database_url)
 
 
 def waiting(db: Conn, task_id: Any, key: str) -> dict[str, Any]:
