@@ -88,6 +88,10 @@ def wal_syncs(db: psycopg.Connection[Any]) -> int:
 
 
 @pytest.mark.timing
+@pytest.mark.direct_only(
+    "tells the loop's connection from the pool's by their server sessions; behind PgBouncer's "
+    "transaction mode the server sessions are PgBouncer's, shared by every client"
+)
 def test_sequential_async_sends_run_durably_on_the_loops_own_connection(
     app: Tether, db: psycopg.Connection[Any]
 ) -> None:
@@ -140,6 +144,10 @@ def test_async_sends_in_flight_together_share_the_loops_connection_with_the_pool
         db.execute("DELETE FROM tether_tasks")
 
 
+@pytest.mark.direct_only(
+    "tells the loop's connection from the pool's by their server sessions; behind PgBouncer's "
+    "transaction mode the server sessions are PgBouncer's, shared by every client"
+)
 def test_a_loop_connection_that_died_is_dropped_and_the_send_still_stored_once(
     app: Tether, db: psycopg.Connection[Any]
 ) -> None:
@@ -163,6 +171,10 @@ def test_a_loop_connection_that_died_is_dropped_and_the_send_still_stored_once(
     assert stored(db) == 4
 
 
+@pytest.mark.direct_only(
+    "tells the loop's connection from the pool's by their server sessions; behind PgBouncer's "
+    "transaction mode the server sessions are PgBouncer's, shared by every client"
+)
 def test_one_send_per_loop_opens_no_connection_and_a_loops_connection_goes_with_it(
     app: Tether, db: psycopg.Connection[Any]
 ) -> None:

@@ -233,7 +233,13 @@ def test_tasks_that_have_not_ended_or_completed_are_refused(
     completed = rt.number.send(5)
     worker(workers, queues="default")
     assert completed.get(timeout=WAIT).ok == 5
-    wait_until(lambda: task_row(db, running.id)["status"] == "RUNNING", timeout=WAIT, message="RUNNING")
+    # RUNNING is written before the body runs: wait for the body's own ledger row too (through
+    # PgBouncer, CI saw the row come after the status), so the last check counts runs only.
+    wait_until(
+        lambda: task_row(db, running.id)["status"] == "RUNNING" and runs(db, running_token) == 1,
+        timeout=WAIT,
+        message="RUNNING, its body begun",
+    )
     before = snapshot(db)
 
     answers = {name: h.retry() for name, h in (("p", pending), ("r", running), ("c", completed))}
