@@ -24,12 +24,15 @@ from tether.sending.many import ManySend
 SENDS = 100
 
 
-def producer(database_url: str, *, durable_sends: bool = True) -> Tether:
-    """A producer with ONE pooled connection, so the statistics flush below runs on the backend that sent."""
+def producer(database_url: str, *, durable_sends: bool = True, pool_max_size: int = 1) -> Tether:
+    """A producer with ONE pooled connection by default, so the statistics flush below runs on the
+    backend that sent."""
     app = Tether(
         AppConfig(
             queues=["default", "images", "low"],
-            broker=PostgresConfig(database_url=database_url, pool_max_size=1, durable_sends=durable_sends),
+            broker=PostgresConfig(
+                database_url=database_url, pool_max_size=pool_max_size, durable_sends=durable_sends
+            ),
         )
     )
 

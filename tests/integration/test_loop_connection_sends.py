@@ -9,35 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 from tests.conftest import wait_until
-from tether import AppConfig, PostgresConfig, TaskError, TaskResult, Tether
-
-SENDS = 100
-
-
-def producer(database_url: str, pool_max_size: int = 1) -> Tether:
-    app = Tether(AppConfig(broker=PostgresConfig(database_url=database_url, pool_max_size=pool_max_size)))
-
-    @app.task("add")
-    def add(a: int, b: int) -> TaskResult[int, TaskError]:
-        return TaskResult(ok=a + b)
-
-    return app
-
-
-@pytest.fixture
-def app(database_url: str, db: psycopg.Connection[Any]) -> Iterator[Tether]:
-    app = producer(database_url)
-    yield app
-    app.close()
-    db.execute("DELETE FROM tether_tasks")
-
+from tests.integration.test_durable_sends import SENDS, producer
+from tests.integration.test_durable_sends import app as app  # the fixture: producer() with one connection
+from tether import Tether
 
 _started: list[Any] = []
 
