@@ -20,6 +20,7 @@ import uuid
 import psycopg
 import psycopg.errors
 
+from tests.apps.gates import wait_for_gate
 from tests.apps.support import machinery_url
 from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
 
@@ -85,6 +86,13 @@ def build(config: AppConfig | None = None) -> Tether:
         """Runs once, then holds its child for ``seconds``."""
         ledger(token)
         time.sleep(seconds)
+        return TaskResult(ok=token)
+
+    @app.task("hold_gated")
+    def hold_gated(token: str, key: int) -> TaskResult[str, TaskError]:
+        """Runs once, then holds its child until the test lets gate ``key`` go (tests/apps/gates.py)."""
+        ledger(token)
+        wait_for_gate(key)
         return TaskResult(ok=token)
 
     @app.task("hold_then_mark")
