@@ -282,6 +282,7 @@ def test_a_dead_async_child_is_one_warning_not_one_per_task(
 # -- 2. a task blocks the event loop --------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.timing
 def test_a_blocked_event_loop_gets_its_child_killed_and_all_its_tasks_recorded(
     aio: ModuleType, db: Conn, workers: WorkerFactory

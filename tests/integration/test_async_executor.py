@@ -48,6 +48,7 @@ def rows_of(db: psycopg.Connection[Any], handles: list[Any]) -> list[dict[str, A
     return [task_row(db, h.id) for h in handles]
 
 
+@pytest.mark.smoke
 @pytest.mark.timing
 def test_ten_half_second_naps_run_at_once_in_one_process(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
@@ -165,6 +166,7 @@ def test_a_time_limit_cancels_the_coroutine_and_the_child_goes_on(
     assert [p.pid for p in worker.task_children()] == [child.pid]  # nor was the process
 
 
+@pytest.mark.smoke
 @pytest.mark.timing
 def test_a_task_that_ignores_its_cancellation_has_its_child_killed_after_the_grace(
     aio: ModuleType, db: psycopg.Connection[Any], workers: WorkerFactory
