@@ -20,7 +20,7 @@ import uuid
 import psycopg
 import psycopg.errors
 
-from tests.apps.gates import wait_for_gate
+from tests.apps.gate_locks import wait_for_gate
 from tests.apps.support import machinery_url
 from tether import AppConfig, ErrorCode, RetryPolicy, TaskError, TaskResult, Tether
 

@@ -12,51 +12,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import psycopg
-
 from tests.apps.basic import ledger
-from tests.apps.support import machinery_url
+from tests.apps.gate_locks import wait_for_gate
 from tether import AppConfig, TaskError, TaskResult, Tether, report_progress, report_progress_async
 
 app = Tether(AppConfig(queues=["default"]))
-
-
-def wait_for_gate(key: int) -> None:
-    """Block until the test lets gate ``key`` go (its exclusive advisory lock is released)."""
-    with psycopg.connect(machinery_url(), autocommit=True, application_name="tether-test-gate") as conn:
-        conn.execute("SELECT pg_advisory_lock_shared(%s)", (key,))
-        conn.execute("SELECT pg_advisory_unlock_shared(%s)", (key,))
-
-
-class Gate:
-    """The test's side of a gate: closed from creation until ``open()`` (or the end of the block)."""
-
-    def __init__(self, conn: psycopg.Connection[tuple[object, ...]], key: int) -> None:
-        self.conn = conn
-        self.key = key
-        self.closed = True
-
-    def open(self) -> None:
-        if self.closed:
-            self.conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
-            self.closed = False
-
-
-@contextmanager
-def hold_gate(database_url: str, key: int) -> Iterator[Gate]:
-    """For the test: gate ``key`` stays closed until ``gate.open()``; opened at the end of the block
-    whatever happens, so a failing test never leaves a task (and its worker) waiting."""
-    with psycopg.connect(machinery_url(database_url), autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
-        gate = Gate(conn, key)
-        try:
-            yield gate
-        finally:
-            gate.open()
 
 
 @app.task("gated")

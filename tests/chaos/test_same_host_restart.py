@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.apps.gates import Gate, hold_gate
+from tests.apps.gate_locks import Gate, hold_gate
 from tests.apps.support import task_row
 from tests.chaos.conftest import (
     APP,

@@ -61,7 +61,7 @@ def beats_of(db: Conn, worker_id: str, task_id: Any) -> tuple[Any, int]:
 def test_big_arguments_pushed_to_a_busy_child_stall_neither_heartbeats_nor_claims(
     gates: ModuleType, database_url: str, db: Conn, workers: WorkerFactory, size: int
 ) -> None:
-    from tests.apps.gates import hold_gate
+    from tests.apps.gate_locks import hold_gate
 
     # One sync child (and the app's async child): the big task is pushed to the busy one.
     worker = workers.start(APP, "--processes", "1", env=BEATS)

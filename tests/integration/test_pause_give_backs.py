@@ -61,7 +61,7 @@ async def until(predicate: Any, what: str) -> None:
 async def test_many_pauses_and_resumes_keep_no_finished_give_back(
     gates: ModuleType, database_url: str, db: Conn
 ) -> None:
-    from tests.apps.gates import hold_gate
+    from tests.apps.gate_locks import hold_gate
 
     # One sync child, room for four more tasks: of those, two are pushed to the busy child
     # and two wait unhanded in the main process, which a pause gives back.

@@ -60,7 +60,7 @@ def reports_waiting_for_a_lock(db: Conn) -> int:
 def test_progress_reports_of_async_tasks_hold_up_no_other_task_of_their_child(
     gates: ModuleType, database_url: str, db: Conn, workers: WorkerFactory, form: str
 ) -> None:
-    from tests.apps.gates import hold_gate
+    from tests.apps.gate_locks import hold_gate
 
     worker = workers.start(APP, *ONE_ASYNC_CHILD, env=SLOW_BEATS)
     go, end = secrets.randbits(62), secrets.randbits(62)
@@ -117,7 +117,7 @@ def test_progress_reports_of_async_tasks_hold_up_no_other_task_of_their_child(
 def test_both_forms_check_their_arguments_alike_and_say_when_the_task_is_no_longer_ours(
     gates: ModuleType, database_url: str, db: Conn, workers: WorkerFactory
 ) -> None:
-    from tests.apps.gates import hold_gate
+    from tests.apps.gate_locks import hold_gate
 
     workers.start(APP, *ONE_ASYNC_CHILD, env=SLOW_BEATS)
     go, tok = secrets.randbits(62), uuid.uuid4().hex
