@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -176,14 +177,32 @@ class Worker:
             await self._reached("children")
             if self.stop_requested:
                 return
-            await started.start_services()
-            await self._reached("services")
-            if self.stop_requested:
-                return
-            # Before claiming anything: recover what dead workers on this host left behind.
-            reconciled = await asyncio.to_thread(
-                reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+            # Reconciliation reads beside the listener's connect (its own connection, the
+            # maintenance one); it writes only once the listener listens (or will not).
+            listened = threading.Event()
+            reconciling = asyncio.ensure_future(
+                asyncio.to_thread(
+                    reconcile_host,
+                    started.url,
+                    self.app.config,
+                    self.identity,
+                    started.maintenance,
+                    lambda: listened.wait() and not self.stop_requested,
+                )
             )
+            try:
+                try:
+                    await started.start_services()
+                finally:
+                    listened.set()
+                await self._reached("services")
+                if self.stop_requested:
+                    return
+            finally:
+                # Before claiming anything: what dead workers on this host left is recovered.
+                # (After a stop, a gone worker's tasks are left to the next start or the reaper.)
+                reconciled = await reconciling
+                started.reconciled.set()  # the reaper's and the scheduler's first rounds may run
         finally:
             await children  # a stop cut short or not: the children exist before anything else
         metric_hooks.recovered(
@@ -354,13 +373,18 @@ class StartedWorker:
                     worker_id=me,  # its connection's name says whose it is (`tether health` looks)
                 )
             )
+        reaper = Reaper(url, config, every, me, self.maintenance)
+        # Startup reconciliation has the maintenance connection first: the claim loop waits
+        # for it, and neither a reaper pass nor the scheduler's first round goes before it.
+        self.reconciled = asyncio.Event()
+        reaper.first_round_after = self.scheduler.first_round_after = self.reconciled
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
                 *listeners,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every, me, self.maintenance),
+                reaper,
                 self.scheduler,
             ]
         )
