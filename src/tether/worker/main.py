@@ -161,19 +161,17 @@ class Worker:
 
     async def _start(self, started: StartedWorker, loop: asyncio.AbstractEventLoop) -> None:
         """Every step before the claim loop; returns early once a stop is requested."""
-        await started.pool.open()
-        started.serve_metrics()
         if self.stop_requested:
             log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
             return
-        await started.register()
-        await self._reached("registered")
-        if self.stop_requested:
-            return
-        # Children start now (they run only what they are handed), beside the services and
-        # the reconciliation, so they are ready by the time the first task is claimed.
+        # Children start first (they run only what they are handed): the fork server makes
+        # them while this process connects, registers, listens and reconciles, so they are
+        # ready by the time the first task is claimed.
         children = asyncio.create_task(started.supervisor.start_async())
         try:
+            await self._connect_and_register(started)
+            if self.stop_requested:
+                return
             await self._reached("children")
             if self.stop_requested:
                 return
@@ -224,6 +222,15 @@ class Worker:
             lanes.async_concurrency,
             lanes.async_prefetch,
         )
+
+    async def _connect_and_register(self, started: StartedWorker) -> None:
+        await started.pool.open()
+        started.serve_metrics()
+        if self.stop_requested:
+            log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
+            return
+        await started.register()
+        await self._reached("registered")
 
     def request_stop(self) -> None:
         """First call: graceful stop. Second call: stop now (running tasks are recorded as crashed).
