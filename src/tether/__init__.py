@@ -91,10 +91,21 @@ if not TYPE_CHECKING:  # for a type checker, every name is imported above: no ca
     def __getattr__(name: str) -> object:
         where = _WHERE.get(name)
         if where is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return _submodule(name)
         value = getattr(__import__(where, fromlist=[name]), name)
         globals()[name] = value  # the next lookup is a plain one
         return value
+
+    def _submodule(name: str) -> object:
+        """``tether.config`` and the like after a bare ``import tether``: the package imported
+        them all before its names were lazy, and code may reach them as attributes."""
+        if not name.startswith("__"):
+            try:
+                return __import__(f"{__name__}.{name}", fromlist=["__name__"])
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{__name__}.{name}":
+                    raise  # the module exists but imports something missing: say so
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

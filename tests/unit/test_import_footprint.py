@@ -76,4 +76,8 @@ def test_every_public_name_is_importable_from_tether() -> None:
     from tether.current import current_task as current
 
     assert (Tether, AppConfig, current_task) == (AppTether, ConfigAppConfig, current)
+    # A submodule as an attribute after a bare import, as when the package imported them all.
+    code = "import tether\nprint(tether.config.AppConfig.__name__, hasattr(tether, 'no_such_name'))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["AppConfig", "False"]
     assert set(dir(tether)) >= set(tether.__all__)
