@@ -223,3 +223,23 @@ async def test_the_isolation_watch_isolates_a_worker_whose_heartbeats_stopped_ge
     assert isolation.isolated
     isolation.rejoin(set())
     assert not isolation.isolated and rejoined == [True]
+
+
+async def test_a_service_s_first_round_waits_for_its_event() -> None:
+    """The reaper and the scheduler leave the maintenance connection to startup
+    reconciliation: their first round waits for the event the start-up sets after it."""
+    reconciled = asyncio.Event()
+    gated, free = Scripted([0.0, LONG]), Scripted([LONG])
+    gated.first_round_after = reconciled
+    runners = [asyncio.create_task(run_service(s)) for s in (gated, free)]
+    try:
+        await until_ticks(free, 1)  # the loop has run both services' starts by now
+        gated.wake()
+        await asyncio.sleep(0)
+        assert gated.ticks == 0
+        reconciled.set()
+        await until_ticks(gated, 2)  # then it runs as any other service does
+    finally:
+        for runner in runners:
+            runner.cancel()
+        await asyncio.wait(runners)

@@ -84,7 +84,7 @@ def worker(
 ) -> None:
     """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
     from tether.worker.app_loader import load_app
-    from tether.worker.main import run_worker
+    from tether.worker.schema_check import begin_schema_check
 
     if (app_path is None) == (django_settings is None):
         raise click.UsageError("give either APP_PATH (module:app) or --django SETTINGS (a settings module)")
@@ -96,6 +96,11 @@ def worker(
     else:
         assert app_path is not None
         app = load_app(app_path)
+    # The first round trip goes on while the worker's modules are imported (schema_check.py).
+    schema_checked = begin_schema_check(app)
+    from tether.worker.main import run_worker
+
+    schema_checked()
     # Its children log in the same format (the supervisor hands them LogSetup.current()).
     common.apply_log_format(log_format, app.config)
     overrides: dict[str, Any] = {

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import psutil
 
-from tether.broker import charts, heartbeats
+from tether.broker import heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
 from tether.broker.types import AsyncConn
 from tether.config import AppConfig, RecoveryConfig
@@ -159,6 +159,10 @@ class Heartbeat(Service):
         tally = recovery_tally.take()
         if not tally:
             return
+        # Imported here, on a worker's first recovery: the dashboard's chart queries (and
+        # broker.health's) are no part of a worker's start-up (bench/README.md "Start-up").
+        from tether.broker import charts
+
         try:
             await asyncio.wait_for(charts.record_recoveries(conn, tally), self.every)
         except Exception as exc:

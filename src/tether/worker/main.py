@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -160,30 +161,46 @@ class Worker:
 
     async def _start(self, started: StartedWorker, loop: asyncio.AbstractEventLoop) -> None:
         """Every step before the claim loop; returns early once a stop is requested."""
-        await started.pool.open()
-        started.serve_metrics()
         if self.stop_requested:
             log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
             return
-        await started.register()
-        await self._reached("registered")
-        if self.stop_requested:
-            return
-        # Children start now (they run only what they are handed), beside the services and
-        # the reconciliation, so they are ready by the time the first task is claimed.
+        # Children start first (they run only what they are handed): the fork server makes
+        # them while this process connects, registers, listens and reconciles, so they are
+        # ready by the time the first task is claimed.
         children = asyncio.create_task(started.supervisor.start_async())
         try:
+            await self._connect_and_register(started)
+            if self.stop_requested:
+                return
             await self._reached("children")
             if self.stop_requested:
                 return
-            await started.start_services()
-            await self._reached("services")
-            if self.stop_requested:
-                return
-            # Before claiming anything: recover what dead workers on this host left behind.
-            reconciled = await asyncio.to_thread(
-                reconcile_host, started.url, self.app.config, self.identity, started.maintenance
+            # Reconciliation reads beside the listener's connect (its own connection, the
+            # maintenance one); it writes only once the listener listens (or will not).
+            listened = threading.Event()
+            reconciling = asyncio.ensure_future(
+                asyncio.to_thread(
+                    reconcile_host,
+                    started.url,
+                    self.app.config,
+                    self.identity,
+                    started.maintenance,
+                    lambda: listened.wait() and not self.stop_requested,
+                )
             )
+            try:
+                try:
+                    await started.start_services()
+                finally:
+                    listened.set()
+                await self._reached("services")
+                if self.stop_requested:
+                    return
+            finally:
+                # Before claiming anything: what dead workers on this host left is recovered.
+                # (After a stop, a gone worker's tasks are left to the next start or the reaper.)
+                reconciled = await reconciling
+                started.reconciled.set()  # the reaper's and the scheduler's first rounds may run
         finally:
             await children  # a stop cut short or not: the children exist before anything else
         metric_hooks.recovered(
@@ -205,6 +222,15 @@ class Worker:
             lanes.async_concurrency,
             lanes.async_prefetch,
         )
+
+    async def _connect_and_register(self, started: StartedWorker) -> None:
+        await started.pool.open()
+        started.serve_metrics()
+        if self.stop_requested:
+            log.info("worker %s: stop requested before it registered; exiting", self.worker_id)
+            return
+        await started.register()
+        await self._reached("registered")
 
     def request_stop(self) -> None:
         """First call: graceful stop. Second call: stop now (running tasks are recorded as crashed).
@@ -354,13 +380,18 @@ class StartedWorker:
                     worker_id=me,  # its connection's name says whose it is (`tether health` looks)
                 )
             )
+        reaper = Reaper(url, config, every, me, self.maintenance)
+        # Startup reconciliation has the maintenance connection first: the claim loop waits
+        # for it, and neither a reaper pass nor the scheduler's first round goes before it.
+        self.reconciled = asyncio.Event()
+        reaper.first_round_after = self.scheduler.first_round_after = self.reconciled
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
                 *listeners,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every, me, self.maintenance),
+                reaper,
                 self.scheduler,
             ]
         )

@@ -11,6 +11,7 @@ sibling worker is never touched.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from tether.broker import recovery, workers
@@ -35,16 +36,28 @@ def is_same_process(pid: int, started_at: datetime | None) -> bool:
 
 
 def reconcile_host(
-    url: str, config: AppConfig, me: Identity, connection: SharedConnection | None = None
+    url: str,
+    config: AppConfig,
+    me: Identity,
+    connection: SharedConnection | None = None,
+    may_write: Callable[[], bool] | None = None,
 ) -> recovery.Recovered:
-    """``connection``: the main process's shared one (its turn); else one of its own, closed after."""
+    """``connection``: the main process's shared one (its turn); else one of its own, closed after.
+
+    ``may_write``: called (it may block) once a gone worker is found, before anything is
+    written; False writes nothing. The worker's main process starts reconciliation beside
+    its work listener's connect, and lets it write only once the listener listens: a crash
+    retry it schedules notifies its due time, and that notification must be heard. The read
+    that finds no gone worker, the usual start, waits for nothing.
+    """
     done = recovery.Recovered()
     turn = connection.turn() if connection is not None else DedicatedConnection(url, config, "worker")
     with turn as conn:
         others = workers.workers_on_host(conn, hostname=me.hostname, host_key=me.host_key, me=me.worker_id)
-        for other in others:
-            if is_same_process(other.pid, other.process_started_at):
-                continue
+        gone = [other for other in others if not is_same_process(other.pid, other.process_started_at)]
+        if gone and may_write is not None and not may_write():
+            return done
+        for other in gone:
             why = f"its worker {other.worker_id} (pid {other.pid}) on this host is gone"
             log.warning(
                 "worker %s is gone (pid %s no longer runs it): recovering its tasks",

@@ -46,6 +46,9 @@ class Service(abc.ABC):
         self.backoff = backoff
         self.woken = asyncio.Event()  # set by wake(); cleared by the runner as each round starts
         self._round: asyncio.Future[Any] | None = None  # a round running in a thread (in_thread)
+        # Set by its owner: the first round waits for this event (the reaper and the scheduler
+        # leave the maintenance connection to startup reconciliation, which comes first).
+        self.first_round_after: asyncio.Event | None = None
 
     @abc.abstractmethod
     async def tick(self) -> float:
@@ -81,6 +84,8 @@ class Service(abc.ABC):
 async def run_service(service: Service) -> None:
     """Run ``service`` round after round until cancelled."""
     outage = Outage(service.name, service.log, service.failure_level)
+    if service.first_round_after is not None:
+        await service.first_round_after.wait()
     while True:
         service.woken.clear()  # a wake() from now on, during the round included, means "again"
         try:

@@ -110,16 +110,13 @@ class Supervisor:
             self.spawn(index)
 
     async def start_async(self) -> None:
-        """start(), the first child made off the event loop: with a fork server, the first start
+        """start(), each child made off the event loop: with a fork server, the first start
         waits until the server has imported tether and the app (a few hundred ms at worst),
-        which must not hold up the loop's other start-up work. The rest fork at once."""
+        and each fork is tens of ms on a busy machine, which must not hold up the loop's other
+        start-up work (the worker connects, registers and listens meanwhile)."""
         self._loop = asyncio.get_running_loop()
-        if not self.processes:
-            return
-        first = await asyncio.to_thread(self._make, 0)
-        self._started(first)
-        for index in range(1, self.processes):
-            self.spawn(index)
+        for index in range(self.processes):
+            self._started(await asyncio.to_thread(self._make, index))
 
     def kind_of(self, index: int) -> Kind:
         """Slots 0..sync_processes-1 hold sync children, the rest async ones."""

@@ -1,0 +1,83 @@
+"""What importing tether costs a program that only sends: no worker, dashboard, CLI, rich,
+Django or psutil (bench/README.md "Start-up" has the -X importtime figures).
+
+Each check runs in a new interpreter, since this one has imported much of tether already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import tether
+
+# What a producer never uses: the worker (and psutil, which only it and the embedded server
+# need), the dashboard, the CLI with click and rich, Django, and the optional extras.
+NOT_FOR_A_PRODUCER = (
+    "tether.worker",
+    "tether.web",
+    "tether.cli",
+    "tether.contrib",
+    "tether.metrics.serve",
+    "click",
+    "rich",
+    "django",
+    "psutil",
+    "opentelemetry",
+    "prometheus_client",
+    "multiprocessing",
+)
+
+
+def _imported_after(code: str) -> set[str]:
+    """The modules a new interpreter holds after running ``code``."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def _under(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(f"{p}.") for p in packages))
+
+
+def test_import_tether_alone_imports_none_of_tether_s_modules() -> None:
+    """``import tether`` costs nothing: the public names are imported on first use."""
+    modules = _imported_after("import tether")
+    assert _under(modules, ("psycopg", "pydantic", "asyncio", *NOT_FOR_A_PRODUCER)) == []
+    assert sorted(m for m in modules if m.startswith("tether.")) == []
+
+
+def test_a_producer_does_not_import_what_only_workers_and_commands_use() -> None:
+    """A producer's imports, an app made and a TaskResult built: none of the worker's modules."""
+    code = (
+        "from tether import AppConfig, PostgresConfig, RetryPolicy, TaskResult, Tether, current_task\n"
+        "app = Tether(AppConfig(broker=PostgresConfig(database_url='postgresql://u@h/d')))\n"
+        "@app.task('t')\n"
+        "def t() -> TaskResult[int, str]:\n"
+        "    return TaskResult(ok=1)\n"
+    )
+    assert _under(_imported_after(code), NOT_FOR_A_PRODUCER) == []
+
+
+def test_every_public_name_is_importable_from_tether() -> None:
+    """Each name of ``tether.__all__`` resolves (lazily), to the object its module defines."""
+    code = "import tether\nprint([n for n in tether.__all__ if getattr(tether, n, None) is None])"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+    from tether import AppConfig, Tether, current_task
+    from tether.app import Tether as AppTether
+    from tether.config import AppConfig as ConfigAppConfig
+    from tether.current import current_task as current
+
+    assert (Tether, AppConfig, current_task) == (AppTether, ConfigAppConfig, current)
+    # A submodule as an attribute after a bare import, as when the package imported them all.
+    code = "import tether\nprint(tether.config.AppConfig.__name__, hasattr(tether, 'no_such_name'))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["AppConfig", "False"]
+    assert set(dir(tether)) >= set(tether.__all__)
