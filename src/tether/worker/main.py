@@ -345,19 +345,19 @@ class StartedWorker:
         )
         self.listening = asyncio.Event()
         listeners: list[Service] = []
+        self.listener: WorkListener | None = None
         if self.listen_url is not None:
-            listeners.append(
-                WorkListener(
-                    self.listen_url,
-                    config,
-                    set(worker.queues),
-                    on_work=self._on_work,
-                    on_listening=self._on_listening,
-                    on_schedules=self.scheduler.wake,
-                    on_control=self._on_control,
-                    worker_id=me,  # its connection's name says whose it is (`tether health` looks)
-                )
+            self.listener = WorkListener(
+                self.listen_url,
+                config,
+                set(worker.queues),
+                on_work=self._on_work,
+                on_listening=self._on_listening,
+                on_schedules=self.scheduler.wake,
+                on_control=self._on_control,
+                worker_id=me,  # its connection's name says whose it is (`tether health` looks)
             )
+            listeners.append(self.listener)
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
@@ -451,7 +451,8 @@ class StartedWorker:
         ``due_in`` seconds by the server's clock (both None: unknown)."""
         when = None if run_at is None else datetime.fromtimestamp(run_at, UTC)
         self.claimer.marks.rewind(queue, when)  # the claim must read back to it
-        self.worker.triggers.on_notification(due_in)
+        behind = self.listener.clock.behind_by_at_most() if self.listener is not None else 0.0
+        self.worker.triggers.on_notification(due_in, behind)
 
     def _on_listening(self) -> None:
         # Notifications sent while the listener was down are lost: look once (without

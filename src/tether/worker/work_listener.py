@@ -77,6 +77,9 @@ CLOCK_SLACK_S = 0.002
 #: A reading that is not exact is read again this soon, then twice as late each time while no
 #: exact one comes (a loaded machine), up to CLOCK_READ_EVERY_S; the closest one is kept.
 CLOCK_RETRY_S = 0.1
+#: The most a notified task is taken to be due sooner than the kept reading says: without an
+#: exact reading, a task said to be due within this (and DUE_NOW_S) is looked for at once too.
+CLOCK_DOUBT_MAX_S = 1.0
 
 
 class ServerClock:
@@ -116,6 +119,10 @@ class ServerClock:
     def spread(self) -> float:
         """How far behind the server's clock the kept reading may be (inf: none yet)."""
         return self._spread
+
+    def behind_by_at_most(self) -> float:
+        """spread, within CLOCK_DOUBT_MAX_S: how much sooner than now() says a task may be due."""
+        return min(self._spread, CLOCK_DOUBT_MAX_S)
 
     def read_in(self) -> float:
         """Seconds until the clock should be read again (0: now)."""
