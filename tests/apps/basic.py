@@ -8,6 +8,7 @@ count how many times each task's code ran.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -159,6 +160,17 @@ def typed(point: Point, order: Order, when: datetime) -> TaskResult[dict[str, ob
 @app.task("echo_async")
 async def echo_async(value: str) -> TaskResult[str, TaskError]:
     return TaskResult(ok=value.upper())
+
+
+@app.task("freeze_count")
+def freeze_count() -> TaskResult[int, TaskError]:
+    """How many objects this child keeps out of garbage collection (worker/heap.py)."""
+    return TaskResult(ok=gc.get_freeze_count())
+
+
+@app.task("freeze_count_async")
+async def freeze_count_async() -> TaskResult[int, TaskError]:
+    return TaskResult(ok=gc.get_freeze_count())
 
 
 @app.task("plain_return")

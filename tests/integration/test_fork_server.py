@@ -110,3 +110,19 @@ def test_sigterm_to_the_whole_process_group_lets_the_running_task_finish(
     worker.stopped = True
     row = task_row(db, handle.id)
     assert (row["status"], row["result"]) == ("COMPLETED", {"ok": 1.5}), (row, worker.log())
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_children_keep_their_start_up_out_of_garbage_collection(
+    basic: ModuleType, db: Any, workers: WorkerFactory, method: str
+) -> None:
+    """worker/heap.py: a full collection walking every object of the imports stalled pickups;
+    a child freezes them (gc.freeze) before its first task, sync and async alike."""
+    worker = workers.start(
+        APP, "--processes", "1", "--async-processes", "1", env={"TETHER_WORKER_START_METHOD": method}
+    )
+    sync_frozen = basic.freeze_count.send().get(timeout=30).ok
+    async_frozen = basic.freeze_count_async.send().get(timeout=30).ok
+    # tether, psycopg, pydantic and the app: tens of thousands of objects (none without the freeze).
+    assert sync_frozen > 10_000 and async_frozen > 10_000, (sync_frozen, async_frozen)
+    assert worker.stop() == 0, worker.log()

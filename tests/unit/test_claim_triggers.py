@@ -91,6 +91,34 @@ async def test_a_notification_due_later_wakes_the_loop_when_due() -> None:
     triggers.close()
 
 
+async def test_a_task_that_may_be_due_by_a_doubtful_clock_is_looked_for_now_and_when_due() -> None:
+    """The listener's reading of the server's clock may be behind it (work_listener.ServerClock):
+    a task sent for now then looks due a little later. It is claimed at once, and if it really
+    was delayed work, that claim found nothing and the timer looks again at its due time."""
+    triggers = idle()
+    loop = asyncio.get_running_loop()
+    notified = loop.time()
+    triggers.on_notification(0.2, behind_s=0.25)
+    assert triggers.maybe_more is True  # at once
+    assert await woken_after(triggers) < 0.1
+    assert triggers.before_claim() is True  # as for a notification of work due now
+    triggers.after_claim(0, 10, True)  # found nothing: it was delayed work after all
+    await woken_after(triggers)  # the recheck of a notified claim that found nothing (50 ms)
+    triggers.before_claim()
+    triggers.after_claim(0, 10, False)
+    await woken_after(triggers)  # its timer, at the due time it said
+    assert loop.time() - notified >= 0.19
+    assert triggers.maybe_more is True
+    triggers.close()
+
+
+async def test_an_exact_clock_leaves_a_task_due_later_to_its_timer() -> None:
+    triggers = idle()
+    triggers.on_notification(0.2, behind_s=0.001)
+    assert triggers.maybe_more is False
+    triggers.close()
+
+
 async def test_just_over_due_now_is_due_later() -> None:
     triggers = idle()
     triggers.on_notification(DUE_NOW_S + 0.1)

@@ -33,6 +33,7 @@ from tether.result import TaskStatus
 from tether.worker import protocol
 from tether.worker.child import ParentGuard, begin_child, running_task
 from tether.worker.execute import Executor, internal_failure
+from tether.worker.heap import freeze_start_up
 from tether.worker.progress_reports import ProgressWriter
 from tether.worker.recorder import Recorder
 from tether.worker.step_writes import StepWriter
@@ -62,6 +63,7 @@ def async_child_main(
     # Steps on a connection of their own too (worker/step_writes.py), opened at the first step.
     steps = StepWriter(Recorder(url, worker_id, app.config, role="child-steps"))
     child = AsyncChild(conn, Executor(app), recorder, progress, guard, stamps, index, concurrency, steps)
+    freeze_start_up()  # as a sync child (heap.py)
     try:
         asyncio.run(child.serve())
     finally:

@@ -30,6 +30,7 @@ from tether.steps import StepBook, StepStore
 from tether.worker import protocol
 from tether.worker.app_loader import load_app
 from tether.worker.execute import Executor, internal_failure
+from tether.worker.heap import freeze_start_up
 from tether.worker.progress_reports import WaitingReporter
 from tether.worker.recorder import Recorder
 from tether.worker.start_method import leave_fork_server
@@ -151,6 +152,7 @@ def child_main(
     set_cancel_probe(partial(_on_cancel_board, cancels, index))
     executor = Executor(app)
     recorder = Recorder(url, worker_id, app.config, role="child")
+    freeze_start_up()  # its full collections walk only what its tasks leave behind (heap.py)
     try:
         _serve(conn, executor, recorder, guard)
     finally:

@@ -67,12 +67,19 @@ class ClaimTriggers:
         self.maybe_more = True
         self._event.set()
 
-    def on_notification(self, due_in: float | None) -> None:
-        """A tether_work notification for one of our queues; ``due_in``: seconds until its run_at."""
+    def on_notification(self, due_in: float | None, behind_s: float = 0.0) -> None:
+        """A tether_work notification for one of our queues; ``due_in``: seconds until its run_at,
+        by a reading of the server's clock that may be up to ``behind_s`` behind it."""
         if due_in is None or due_in <= DUE_NOW_S:
             self._notes += 1
             self.work_may_wait()
             return
+        if due_in - behind_s <= DUE_NOW_S:
+            # It may be due already (a task sent for now, announced by a reading not yet exact,
+            # work_listener.CLOCK_SLACK_S): look now, and again at the due time it says, in
+            # case it really was delayed work.
+            self._notes += 1
+            self.work_may_wait()
         loop = asyncio.get_running_loop()
         when = self._rounded(loop.time() + due_in)
         if when not in self._due_set:

@@ -19,6 +19,7 @@ import signal
 
 from tether.worker import async_child, child  # noqa: F401 - imported for the children
 from tether.worker.app_loader import load_app
+from tether.worker.heap import freeze_start_up
 from tether.worker.start_method import APP_PATH_ENV
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -27,3 +28,4 @@ _app_path = os.environ.get(APP_PATH_ENV)
 if _app_path:
     with contextlib.suppress(Exception):
         load_app(_app_path)
+freeze_start_up()  # what the children inherit stays out of their collections (heap.py)

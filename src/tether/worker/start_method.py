@@ -39,6 +39,8 @@ import threading
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any, Literal
 
+from tether.worker.heap import freeze_start_up
+
 StartMethod = Literal["forkserver", "spawn"]
 ChildContext = ForkServerContext | SpawnContext
 
@@ -102,6 +104,7 @@ def _fork_the_server() -> bool:
             try:
                 os.close(alive_w)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as fork_server_preload says why
+                freeze_start_up()  # as fork_server_preload does
                 serve(listener.fileno(), alive_r, [], None, None)
             except SystemExit:  # its way out once the main process is gone
                 pass

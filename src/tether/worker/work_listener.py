@@ -7,14 +7,16 @@ missed), or hands on the notifications that arrive within ``listen_for_s``. When
 connection drops, the next tick connects again, after 0.1 s, backing off up to 5 s.
 
 A notification of work due later carries its run_at by the server's clock. The listener
-reads that clock when it connects (and every CLOCK_READ_EVERY_S after) and counts on from
-it with the monotonic clock: a host whose wall clock is off (by seconds or by hours) still
-wakes the claim loop when the task is due, not a poll interval later.
+reads that clock when it connects (and every CLOCK_READ_EVERY_S after, sooner while its
+answer came back too slowly to be exact: CLOCK_SLACK_S) and counts on from it with the
+monotonic clock: a host whose wall clock is off (by seconds or by hours) still wakes the
+claim loop when the task is due, not a poll interval later.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -64,28 +66,82 @@ def listener_role(worker_id: str | None) -> str:
 #: from the server's by at most a few hundred milliseconds an hour.
 CLOCK_READ_EVERY_S = 600.0
 
+#: A reading counts as exact when its answer came back within this long. The server read its
+#: clock somewhere between question and answer, and the reading is counted from the answer: it
+#: is behind the server's clock by up to the round trip. Behind by more than a notification's
+#: margin (claim_triggers.DUE_NOW_S, less the ~1 ms a notification takes to arrive), every
+#: task sent for now looks due a few milliseconds later and waits for a timer. That happened:
+#: a listener connects while the worker starts its children, its answer waited 10-15 ms for
+#: the busy event loop, and every pickup for the next ten minutes came 8-12 ms late.
+CLOCK_SLACK_S = 0.002
+#: A reading that is not exact is read again this soon, then twice as late each time while no
+#: exact one comes (a loaded machine), up to CLOCK_READ_EVERY_S; the closest one is kept.
+CLOCK_RETRY_S = 0.1
+#: The most a notified task is taken to be due sooner than the kept reading says: without an
+#: exact reading, a task said to be due within this (and DUE_NOW_S) is looked for at once too.
+CLOCK_DOUBT_MAX_S = 1.0
+
 
 class ServerClock:
-    """The server's wall clock as this process can tell it: one reading, counted on monotonically."""
+    """The server's wall clock as this process can tell it: the closest reading, counted on
+    monotonically. ``monotonic``: the process's monotonic clock (a test's stand-in)."""
 
-    def __init__(self) -> None:
-        self._reading: tuple[float, float] | None = None  # (server epoch, time.monotonic() on the answer)
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._reading: tuple[float, float] | None = None  # (server epoch, monotonic on the answer)
+        self._spread = math.inf  # that reading's round trip: how far behind the server it may be
+        self._tried_at = -math.inf  # monotonic time of the last reading, kept or not
+        self._retry_s = CLOCK_RETRY_S  # how long after an inexact reading to read again
 
-    def read(self, epoch: float) -> None:
-        """The server's clock said ``epoch``, in an answer that just came. Counted from the
-        answer, the server's time is never overestimated (the server read its clock before):
-        a wake-up comes at most a round trip late, never early, when a claim would find
-        nothing and the next look is a poll interval away."""
-        self._reading = (epoch, time.monotonic())
+    def asking(self) -> float:
+        """Call just before the question that reads the clock; pass the result to read()."""
+        return self._monotonic()
+
+    def read(self, epoch: float, asked_at: float, *, renew: bool = False) -> None:
+        """The server's clock said ``epoch``, in an answer to a question asked at ``asked_at``
+        (asking()). Counted from the answer, the server's time is never overestimated (the
+        server read its clock before): a wake-up comes at most the round trip late, never
+        early, when a claim would find nothing and the next look is a poll interval away. A
+        reading with a longer round trip than the one kept replaces it only once that one is
+        due for renewal, or with ``renew`` (a new session: maybe another server, another clock)."""
+        answered = self._monotonic()
+        spread = answered - asked_at
+        renew = renew or self._reading is None or answered - self._reading[1] > CLOCK_READ_EVERY_S
+        if renew or spread <= self._spread:
+            self._reading, self._spread = (epoch, answered), spread
+        self._tried_at = answered
+        if self._spread <= CLOCK_SLACK_S or renew:
+            self._retry_s = CLOCK_RETRY_S
+        else:
+            self._retry_s = min(2 * self._retry_s, CLOCK_READ_EVERY_S)
+
+    @property
+    def spread(self) -> float:
+        """How far behind the server's clock the kept reading may be (inf: none yet)."""
+        return self._spread
+
+    def behind_by_at_most(self) -> float:
+        """spread, within CLOCK_DOUBT_MAX_S: how much sooner than now() says a task may be due."""
+        return min(self._spread, CLOCK_DOUBT_MAX_S)
+
+    def read_in(self) -> float:
+        """Seconds until the clock should be read again (0: now)."""
+        if self._reading is None:
+            return 0.0
+        now = self._monotonic()
+        renewal = self._reading[1] + CLOCK_READ_EVERY_S - now
+        if self._spread > CLOCK_SLACK_S:
+            renewal = min(renewal, self._tried_at + self._retry_s - now)
+        return max(0.0, renewal)
 
     def due(self) -> bool:
-        return self._reading is None or time.monotonic() - self._reading[1] > CLOCK_READ_EVERY_S
+        return self.read_in() <= 0.0
 
     def now(self) -> float:
         if self._reading is None:
             return time.time()  # not read yet: the host's clock is the best guess there is
         epoch, answered = self._reading
-        return epoch + (time.monotonic() - answered)
+        return epoch + (self._monotonic() - answered)
 
 
 class WorkListener(Service):
@@ -136,13 +192,16 @@ class WorkListener(Service):
         if conn is None or conn.closed:
             self._refusals = read_only.refusals()
             conn = await self.connection.get()
-            self.clock.read(await notifications.listen_worker_async(conn))
+            asked = self.clock.asking()
+            self.clock.read(await notifications.listen_worker_async(conn), asked, renew=True)
             self._listening = conn
             self.on_listening()
             return 0.0
         if self.clock.due():  # LISTEN again (it changes nothing) to read the clock anew
-            self.clock.read(await notifications.listen_worker_async(conn))
-        async for note in conn.notifies(timeout=self.listen_for_s):
+            asked = self.clock.asking()
+            self.clock.read(await notifications.listen_worker_async(conn), asked)
+        # An inexact reading is read again soon (CLOCK_SLACK_S): this tick ends by then.
+        async for note in conn.notifies(timeout=min(self.listen_for_s, self.clock.read_in())):
             self._hand_on(note)
         return 0.0
 
