@@ -354,13 +354,16 @@ class StartedWorker:
                     worker_id=me,  # its connection's name says whose it is (`tether health` looks)
                 )
             )
+        # An idle pass rides on this worker's beats, in the beat's transaction (beat_rides.py).
+        reaper = Reaper(url, config, every, me, self.maintenance, beats=heartbeat)
+        heartbeat.rider = reaper
         # Started in this order, closed in reverse (docs/internals.md lists them).
         self.services = Services(
             [
                 *listeners,
                 heartbeat,
                 IsolationWatch(self.isolation, lambda: heartbeat.last_ok, every),
-                Reaper(url, config, every, me, self.maintenance),
+                reaper,
                 self.scheduler,
             ]
         )
