@@ -65,8 +65,8 @@ class PassRider(Protocol):
 
 def slack(every: float) -> float:
     """How far a beat may be from the moment its ride was planned for, and how long the
-    heartbeat waits for the pass: a quarter of the interval, at most a second."""
-    return min(every / 4, 1.0)
+    heartbeat waits for the pass: an eighth of the interval, at most a second."""
+    return min(every / 8, 1.0)
 
 
 def plan(began: float, wait: float, next_beat_at: float | None, every: float, now: float) -> float | None:

@@ -8,7 +8,7 @@ However many tasks the worker holds, that is one transaction per interval.
 
 When the reaper planned its next pass on a beat (an idle worker's, beat_rides.py), that
 beat is written in the pass's transaction, on the reaper's connection: one commit for
-both. If the pass has not written it within a quarter interval (at most a second), the
+both. If the pass has not written it within an eighth of the interval (at most a second), the
 beat is written alone here after all.
 
 The heartbeat knows the worker only through `BeatSource`: what to report, and where
