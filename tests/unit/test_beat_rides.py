@@ -32,6 +32,6 @@ def test_without_a_known_coming_beat_the_pass_keeps_its_own_moment(next_beat_at:
     assert plan(began=10.0, wait=30.0, next_beat_at=next_beat_at, every=30.0, now=10.5) is None
 
 
-def test_the_slack_is_an_eighth_of_the_interval_and_at_most_a_second() -> None:
-    assert slack(1.0) == 0.125
+def test_the_slack_is_a_quarter_interval_and_at_most_a_second() -> None:
+    assert slack(1.0) == 0.25
     assert slack(30.0) == 1.0

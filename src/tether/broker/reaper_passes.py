@@ -68,3 +68,9 @@ def claim(conn: Conn, worker_id: str | None, check_interval_ms: float, early_s: 
 def schedule_next(conn: Conn, after_s: float) -> None:
     """In the claiming pass's transaction: the fleet's next pass is due ``after_s`` from now."""
     conn.execute(q("schedule_next_reaper_pass"), {"after": timedelta(seconds=after_s)})
+
+
+def schedule_next_from_now(conn: Conn, after_s: float) -> None:
+    """As ``schedule_next``, counted from this statement's moment (``clock_timestamp()``),
+    not from the transaction's start: for a pass planned on a heartbeat (worker/beat_rides.py)."""
+    conn.execute(q("schedule_reaper_pass_at"), {"after": timedelta(seconds=after_s)})

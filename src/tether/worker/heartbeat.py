@@ -8,7 +8,7 @@ However many tasks the worker holds, that is one transaction per interval.
 
 When the reaper planned its next pass on a beat (an idle worker's, beat_rides.py), that
 beat is written in the pass's transaction, on the reaper's connection: one commit for
-both. If the pass has not written it within an eighth of the interval (at most a second), the
+both. If the pass has not written it within a quarter interval (at most a second), the
 beat is written alone here after all.
 
 The heartbeat knows the worker only through `BeatSource`: what to report, and where
@@ -134,10 +134,15 @@ class Heartbeat(Service):
         self.next_at = None  # unknown until this beat got through
         try:
             sent = time.monotonic()
-            answer = await self._ride(beat, snapshot, sent)
+            rider = self.rider if self.rider is not None and self.rider.wants_ride(sent) else None
+            rode = rider is not None
+            answer = await self._ride(rider, beat, snapshot, sent) if rider is not None else None
             if answer is None:
                 conn = await self.connection.get()  # a beat that cannot connect failed too
-                sent = time.monotonic()
+                if not rode:
+                    # (After a ride that did not carry it, the beat keeps its moment: the next
+                    # is an interval after it, where the reaper planned its next pass.)
+                    sent = time.monotonic()
                 answer = await asyncio.wait_for(
                     heartbeats.write_heartbeats(
                         conn,
@@ -165,11 +170,10 @@ class Heartbeat(Service):
         # stay one interval, not an interval plus a round trip.
         return max(0.0, self.every - (time.monotonic() - sent))
 
-    async def _ride(self, beat: Beat, snapshot: Snapshot | None, sent: float) -> BeatAnswer | None:
-        """The beat written by the reaper's pass, when the pass was planned on it; None: write it here."""
-        rider = self.rider
-        if rider is None or not rider.wants_ride(sent):
-            return None
+    async def _ride(
+        self, rider: PassRider, beat: Beat, snapshot: Snapshot | None, sent: float
+    ) -> BeatAnswer | None:
+        """The beat written by the reaper's pass, which was planned on it; None: write it here."""
 
         def write(conn: Conn) -> BeatAnswer:
             return heartbeats.write_heartbeats_sync(

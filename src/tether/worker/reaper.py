@@ -118,12 +118,10 @@ class Reaper(Service):
                 else:
                     ride.answer.cancel()
             raise
-        if ride is not None and not ride.answer.done():
-            if answer is None:
-                ride.answer.set_exception(RuntimeError("the pass left the beat out"))
-            else:
-                self.rides += 1
-                ride.answer.set_result(answer)
+        if ride is not None and answer is not None:
+            self.rides += 1  # its answer went to the heartbeat as the transaction committed
+        elif ride is not None and not ride.answer.done():
+            ride.answer.set_exception(RuntimeError("the pass left the beat out"))
         self.last = done
         hooks.reaper_pass(done)
         if done is not None and _full(done):
@@ -223,9 +221,17 @@ class Reaper(Service):
                 unfinished = workflow_recovery.find_unfinished(conn)
                 more = _full(done) or sum(map(len, stuck.values())) >= workflow_recovery.BATCH
                 wait, idle = (0.0, False) if more else self._sleep_for(conn)
-                if idle:
-                    wait = self._plan_ride(began, wait, ride)
-                reaper_passes.schedule_next(conn, wait)
+                ride_at = self._plan_ride(began, wait, ride) if idle else None
+                if ride_at is not None:
+                    # The planned beat's moment, on the database's clock as closely as it can
+                    # be told: from this statement's own moment, not the transaction's start
+                    # (which a loaded machine may have begun well after ``began``).
+                    wait = ride_at - time.monotonic()
+                    reaper_passes.schedule_next_from_now(conn, wait)
+                else:
+                    reaper_passes.schedule_next(conn, wait)
+        if ride is not None and answer is not None:
+            ride.deliver(answer)
         if turn.pass_number is None:
             if turn.due_in_s > 0:  # another worker claimed it first (or moved the moment)
                 return None, self._not_due(conn, turn.due_in_s), answer
@@ -252,17 +258,14 @@ class Reaper(Service):
             wait = min(wait, PRUNE_AGAIN_S)
         return done, wait, answer
 
-    def _plan_ride(self, began: float, wait: float, ride: beat_rides.Ride | None) -> float:
+    def _plan_ride(self, began: float, wait: float, ride: beat_rides.Ride | None) -> float | None:
         """Nothing is due before the check interval: the next pass at the last beat before it
-        is due, if one comes (beat_rides.plan). Seconds from ``began`` to the next pass."""
+        is due, if one comes (beat_rides.plan); its time.monotonic(), also set as the plan."""
         if self.beats is None:
-            return wait
+            return None
         next_beat_at = ride.next_beat_at if ride is not None else self.beats.next_at
-        ride_at = beat_rides.plan(began, wait, next_beat_at, self.beats.every, time.monotonic())
-        if ride_at is None:
-            return wait
-        self._ride_at = ride_at
-        return ride_at - began
+        self._ride_at = beat_rides.plan(began, wait, next_beat_at, self.beats.every, time.monotonic())
+        return self._ride_at
 
     def _not_due(self, conn: Conn, due_in_s: float) -> float:
         """Not the fleet's pass yet: this worker's pruning goes on if it is behind."""

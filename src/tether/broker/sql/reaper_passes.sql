@@ -58,3 +58,9 @@ FROM tether_reaper r WHERE r.singleton;
 -- name: schedule_next_reaper_pass
 -- In the claiming pass's transaction, at its end: when the fleet's next pass is due.
 UPDATE tether_reaper SET next_pass_at = now() + %(after)s::interval WHERE singleton;
+
+-- name: schedule_reaper_pass_at
+-- The same, for a pass planned on a heartbeat (worker/beat_rides.py): counted from the
+-- statement's own moment, not the transaction's start, so that the moment is the beat's
+-- however long the pass took to begin.
+UPDATE tether_reaper SET next_pass_at = clock_timestamp() + %(after)s::interval WHERE singleton;
