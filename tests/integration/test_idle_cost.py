@@ -26,7 +26,7 @@ from tests.conftest import WorkerFactory, wait_until
 from tests.wire_counter import Transaction, WireCounter
 from tether.broker.queries import q
 from tether.broker.worker_pool import WorkerPool
-from tether.config import AppConfig, PostgresConfig
+from tether.config import AppConfig, PostgresConfig, RecoveryConfig
 
 APP = "tests.apps.basic:app"
 POLL_S = 1.0
@@ -132,29 +132,61 @@ def _starts(name: str) -> str:
 CLAIM, BEAT = _starts("claim_tasks"), _starts("write_heartbeats")
 REAPER_PASS, REAPER_READ = _starts("claim_reaper_pass"), _starts("reaper_pass_due_in")
 NEXT_SLOT = _starts("next_slot_in")
+LIMITS_READ = _starts("queue_limits_of")
+#: Retention's batches (worker/retention.py, once a minute): in a database with nothing old
+#: enough to delete, each deletes no row, and is a read.
+PRUNES = tuple(
+    _starts(name)
+    for name in (
+        "prune_heartbeats",
+        "prune_worker_states",
+        "prune_workers",
+        "prune_terminal_tasks",
+        "prune_workflows",
+        "prune_recovery_minutes",
+        "prune_events",
+    )
+)
 
 
 def _kind(tx: Transaction) -> str:
     """What a transaction of a worker is, by its first statement; a claim that updated no row
-    (its command tag says so) is a read: it wrote nothing."""
+    (its command tag says so) is a read: it wrote nothing. A reaper pass that carried the
+    worker's beat (worker/beat_rides.py) is one transaction, one commit."""
     label = tx.label
     if not tx.tags:  # psycopg prepares a statement on its 6th run: a Parse alone, once
         return "prepare"
     if label.startswith(CLAIM):
         return "empty claim (read)" if tx.tags == ("UPDATE 0",) else "claim"
-    for head, kind in ((BEAT, "heartbeat"), (REAPER_PASS, "reaper pass"), (REAPER_READ, "reaper read")):
+    if label.startswith(REAPER_PASS):
+        return "pass with beat" if any(t.startswith(BEAT) for t in tx.labels) else "reaper pass"
+    for head, kind in ((BEAT, "heartbeat"), (REAPER_READ, "reaper read")):
         if label.startswith(head):
             return kind
     if label.startswith(NEXT_SLOT):
         return "scheduler read"
+    if label.startswith(LIMITS_READ):
+        return "queue limits read"
+    if label.startswith(PRUNES):
+        return "retention (nothing to delete)"
     return f"other: {label}"
+
+
+#: What writes: every other transaction of an idle worker is a read.
+WRITES = ("heartbeat", "reaper pass", "pass with beat")
+BEATS = ("heartbeat", "pass with beat")
+
+
+def _count(kinds: list[str], of: tuple[str, ...]) -> int:
+    return sum(kinds.count(kind) for kind in of)
 
 
 def _steady(proxy: WireCounter, beats: int) -> bool:
     """Start-up is over: ``beats`` heartbeats written, a reaper pass done, the claim prepared."""
     kinds = [_kind(t) for t in proxy.transactions()]
     prepared = any(t.prepares and t.application_name == "tether-worker" for t in proxy.round_trips())
-    return kinds.count("heartbeat") >= beats and "reaper pass" in kinds and prepared
+    passed = "reaper pass" in kinds or "pass with beat" in kinds
+    return _count(kinds, BEATS) >= beats and passed and prepared
 
 
 @pytest.mark.timing
@@ -195,15 +227,65 @@ def test_an_idle_worker_commits_its_heartbeat_and_the_reaper_pass_and_claims_onl
     # Every transaction is one of these: nothing else runs while the worker idles (the
     # listener sits in LISTEN and sends nothing; the scheduler's look rides on the beat; a
     # reaper that did the last pass claims the next without reading first).
-    assert set(kinds) <= {"heartbeat", "reaper pass", "empty claim (read)", "prepare"}, breakdown
+    assert set(kinds) <= {*WRITES, "empty claim (read)", "prepare"}, breakdown
     assert kinds.count("prepare") <= 2, breakdown  # the heartbeat's and the pass's, once each
     # The claims found nothing and wrote nothing: one per poll (and one at an edge).
     polls = int(WINDOW_S / 1.0)
     assert polls - 2 <= kinds.count("empty claim (read)") <= polls + 1, breakdown
-    # What writes: the heartbeat, once per interval, and (alone in its fleet, this worker
-    # does every pass) the reaper's pass, once per check interval. An edge may add one each.
-    assert intervals - 1 <= kinds.count("heartbeat") <= intervals + 1, breakdown
-    assert kinds.count("reaper pass") <= intervals + 1, breakdown
+    # What writes: one commit per interval (an edge may add one). The heartbeat, once per
+    # interval, and (alone in its fleet, this worker does every pass) the reaper's pass, once
+    # per check interval: in one transaction, the pass riding on the beat.
+    assert intervals - 1 <= _count(kinds, BEATS) <= intervals + 1, breakdown
+    assert intervals - 1 <= _count(kinds, WRITES) <= intervals + 1, breakdown
+    assert kinds.count("pass with beat") >= intervals - 1, breakdown  # the passes still happen
+    print(f"\n{breakdown}")
+
+
+@pytest.mark.timing
+@pytest.mark.timeout(300)  # three intervals of 30 s, after a start-up of one
+@pytest.mark.direct_only(
+    "counts the transactions between a worker and its server through a proxy of its own, in "
+    "place of any pooler"
+)
+def test_an_idle_worker_at_default_settings_commits_once_per_heartbeat_interval(
+    db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory
+) -> None:
+    """The same count at tether's default settings, unscaled, over three heartbeat intervals
+    (30 s each; the reaper's check interval is 30 s too, the poll 1 s): at most one commit
+    per interval, the heartbeat and the fleet's pass in one transaction."""
+    interval = 30.0
+    window = 3 * interval
+    defaults = RecoveryConfig()
+    assert defaults.claimer_heartbeat_interval_ms == defaults.check_interval_ms == interval * 1000
+    # Stated, so that nothing in the environment moves them: tether's defaults.
+    env = {
+        "TETHER_WORKER_POLL_INTERVAL_MS": "1000",
+        "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": str(defaults.claimer_heartbeat_interval_ms),
+        "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": str(defaults.runner_heartbeat_interval_ms),
+        "TETHER_CLAIMED_STALE_THRESHOLD_MS": str(defaults.claimed_stale_threshold_ms),
+        "TETHER_RUNNING_STALE_THRESHOLD_MS": str(defaults.running_stale_threshold_ms),
+        "TETHER_CHECK_INTERVAL_MS": str(defaults.check_interval_ms),
+        "TETHER_DATABASE_URL": proxy.url,
+    }
+    worker = workers.start(APP, "--processes", "1", env=env)
+    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
+    wait_until(lambda: _steady(proxy, beats=2), timeout=75, interval=0.1, message="the start-up to end")
+
+    t0 = time.monotonic()
+    time.sleep(window)
+    txs = proxy.transactions(t0, t0 + window)
+    assert worker.proc.poll() is None, worker.log()
+    kinds = [_kind(t) for t in txs]
+    breakdown = f"{len(txs)} transactions in {window:g}s:\n{WireCounter.transaction_summary(txs)}"
+    assert all(t.committed for t in txs), breakdown
+    writes = _count(kinds, WRITES)
+    # Three intervals: three commits, and one more for a beat at either edge of the window.
+    assert 2 <= writes <= 4, breakdown
+    assert kinds.count("pass with beat") >= 2, breakdown  # the fleet's passes still happen
+    # Nothing else commits: the rest are reads (claims that found nothing, and once a
+    # minute, the queue limits' look and retention's batches, with nothing old enough).
+    reads = {"empty claim (read)", "prepare", "queue limits read", "retention (nothing to delete)"}
+    assert set(kinds) <= {*WRITES, *reads}, breakdown
     print(f"\n{breakdown}")
 
 
@@ -212,15 +294,16 @@ def test_an_idle_worker_commits_its_heartbeat_and_the_reaper_pass_and_claims_onl
     "counts the transactions between a worker and its server through a proxy of its own, in "
     "place of any pooler"
 )
-def test_a_worker_whose_children_are_all_busy_commits_twice_a_second_and_does_not_poll(
+def test_a_worker_whose_children_are_all_busy_commits_once_a_second_and_does_not_poll(
     db: psycopg.Connection[Any], proxy: WireCounter, workers: WorkerFactory, basic: Any
 ) -> None:
     """commits_per_second's shape (bench/README.md) on two children: every child runs a long
     task, heartbeats and the reaper's check every second, the default prefetch (room for 8
     tasks, 2 of them taken). A poll could only find tasks to hold until a child frees: it
-    waits for that (claim_triggers.py). At most 2 transactions a second: the beat and the
-    reaper's pass. Then, with nothing notifying (no waiter row), a task sent meanwhile is
-    claimed as soon as a child frees: the deferred poll."""
+    waits for that (claim_triggers.py). One transaction a second: the beat, with the reaper's
+    pass riding on it (nothing turns stale before the check interval). Then, with nothing
+    notifying (no waiter row), a task sent meanwhile is claimed as soon as a child frees: the
+    deferred poll."""
     env = {
         "TETHER_WORKER_POLL_INTERVAL_MS": "1000",
         "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": "1000",
@@ -250,7 +333,7 @@ def test_a_worker_whose_children_are_all_busy_commits_twice_a_second_and_does_no
     since = time.monotonic()
     # Steady: runner heartbeats relayed, a pass done since both started, a poll due and waiting.
     wait_until(
-        lambda: sum(_kind(t) == "heartbeat" for t in proxy.transactions(since)) >= 2,
+        lambda: sum(_kind(t) in BEATS for t in proxy.transactions(since)) >= 2,
         timeout=30,
         interval=0.05,
         message="two beats since both tasks started",
@@ -266,9 +349,10 @@ def test_a_worker_whose_children_are_all_busy_commits_twice_a_second_and_does_no
     kinds = [_kind(t) for t in txs]
     breakdown = f"{len(txs)} transactions in {WINDOW_S:g}s:\n{WireCounter.transaction_summary(txs)}"
     assert worker.proc.poll() is None, worker.log()
-    assert set(kinds) <= {"heartbeat", "reaper pass", "prepare"}, breakdown  # no claim: no child was free
-    assert len(txs) <= 2 * WINDOW_S + 2, breakdown
-    assert kinds.count("heartbeat") >= WINDOW_S - 1, breakdown
+    assert set(kinds) <= {*WRITES, "prepare"}, breakdown  # no claim: no child was free
+    assert len(txs) <= WINDOW_S + 2, breakdown
+    assert _count(kinds, BEATS) >= WINDOW_S - 1, breakdown
+    assert kinds.count("pass with beat") >= WINDOW_S - 2, breakdown
     assert db.execute("SELECT status FROM tether_tasks WHERE id = %s", (third.id,)).fetchone() == {
         "status": "PENDING"
     }

@@ -52,18 +52,10 @@ class BeatAnswer:
     sent_at: float = 0.0  # time.monotonic() when the beat was sent (set by its writer)
 
 
-async def write_heartbeats(
-    conn: AsyncConn,
-    *,
-    worker_id: str,
-    hostname: str,
-    beat: Beat,
-    snapshot: Snapshot | None,
-    queues: list[str] | None = None,
-) -> BeatAnswer:
-    """Write the beat; returns what the database said of the tasks reported, and when the
-    next slot of the schedules of ``queues`` comes."""
-    params: dict[str, Any] = {
+def _beat_params(
+    worker_id: str, hostname: str, beat: Beat, snapshot: Snapshot | None, queues: list[str] | None
+) -> dict[str, Any]:
+    return {
         "queues": queues or [],
         "worker_id": worker_id,
         "hostname": hostname,
@@ -77,8 +69,9 @@ async def write_heartbeats(
         "rss_bytes": snapshot.rss_bytes if snapshot else None,
         "cpu_percent": snapshot.cpu_percent if snapshot else None,
     }
-    cur = await conn.execute(q("write_heartbeats"), params)
-    row = await cur.fetchone()
+
+
+def _answer(row: dict[str, Any] | None, queues: list[str] | None) -> BeatAnswer:
     if row is None:
         return BeatAnswer()
     slot = row["next_slot_in_s"]
@@ -88,6 +81,38 @@ async def write_heartbeats(
         None if slot is None else float(slot),
         slots_read=queues is not None,
     )
+
+
+async def write_heartbeats(
+    conn: AsyncConn,
+    *,
+    worker_id: str,
+    hostname: str,
+    beat: Beat,
+    snapshot: Snapshot | None,
+    queues: list[str] | None = None,
+) -> BeatAnswer:
+    """Write the beat; returns what the database said of the tasks reported, and when the
+    next slot of the schedules of ``queues`` comes."""
+    cur = await conn.execute(q("write_heartbeats"), _beat_params(worker_id, hostname, beat, snapshot, queues))
+    return _answer(await cur.fetchone(), queues)
+
+
+def write_heartbeats_sync(
+    conn: Conn,
+    *,
+    worker_id: str,
+    hostname: str,
+    beat: Beat,
+    snapshot: Snapshot | None,
+    queues: list[str] | None = None,
+) -> BeatAnswer:
+    """The same statement on a blocking connection, in its caller's transaction: the reaper's
+    pass carries the beat that way (worker/beat_rides.py)."""
+    row = conn.execute(
+        q("write_heartbeats"), _beat_params(worker_id, hostname, beat, snapshot, queues)
+    ).fetchone()
+    return _answer(row, queues)
 
 
 def report_progress(conn: Conn, task_id: str, attempt: int, worker_id: str, progress: Any) -> bool:

@@ -51,11 +51,15 @@ def due_in(conn: Conn, check_interval_ms: float) -> PassDue:
     return PassDue(float(row["due_in_s"]), bool(row["running"]))
 
 
-def claim(conn: Conn, worker_id: str | None, check_interval_ms: float) -> ReaperTurn:
-    """In the caller's transaction: claim the fleet's pass if it is due and nobody holds it."""
-    row = conn.execute(
-        q("claim_reaper_pass"), {"worker_id": worker_id, "check_interval": _ms(check_interval_ms)}
-    ).fetchone()
+def claim(conn: Conn, worker_id: str | None, check_interval_ms: float, early_s: float = 0.0) -> ReaperTurn:
+    """In the caller's transaction: claim the fleet's pass if it is due (or due within
+    ``early_s``) and nobody holds it."""
+    params = {
+        "worker_id": worker_id,
+        "check_interval": _ms(check_interval_ms),
+        "early": timedelta(seconds=early_s),
+    }
+    row = conn.execute(q("claim_reaper_pass"), params).fetchone()
     if row is None:  # emptied by hand since due_in() looked: the next tick makes it again
         return ReaperTurn(None, 0.0)
     return ReaperTurn(None if row["pass"] is None else int(row["pass"]), float(row["due_in_s"]))
@@ -64,3 +68,9 @@ def claim(conn: Conn, worker_id: str | None, check_interval_ms: float) -> Reaper
 def schedule_next(conn: Conn, after_s: float) -> None:
     """In the claiming pass's transaction: the fleet's next pass is due ``after_s`` from now."""
     conn.execute(q("schedule_next_reaper_pass"), {"after": timedelta(seconds=after_s)})
+
+
+def schedule_next_from_now(conn: Conn, after_s: float) -> None:
+    """As ``schedule_next``, counted from this statement's moment (``clock_timestamp()``),
+    not from the transaction's start: for a pass planned on a heartbeat (worker/beat_rides.py)."""
+    conn.execute(q("schedule_reaper_pass_at"), {"after": timedelta(seconds=after_s)})

@@ -6,6 +6,11 @@ holds CLAIMED, and a 'runner' row for every RUNNING task whose child stamped
 its slot in time; every few beats it adds a snapshot to tether_worker_states.
 However many tasks the worker holds, that is one transaction per interval.
 
+When the reaper planned its next pass on a beat (an idle worker's, beat_rides.py), that
+beat is written in the pass's transaction, on the reaper's connection: one commit for
+both. If the pass has not written it within a quarter interval (at most a second), the
+beat is written alone here after all.
+
 The heartbeat knows the worker only through `BeatSource`: what to report, and where
 to send the database's answer (tasks no longer ours; heartbeats getting through).
 """
@@ -22,11 +27,12 @@ import psutil
 
 from tether.broker import heartbeats
 from tether.broker.heartbeats import Beat, BeatAnswer, Snapshot
-from tether.broker.types import AsyncConn
+from tether.broker.types import Conn
 from tether.config import AppConfig, RecoveryConfig
 from tether.db.connection import AsyncDedicatedConnection
 from tether.metrics import hooks, recovery_tally
 from tether.worker.backoff import Backoff
+from tether.worker.beat_rides import PassRider
 from tether.worker.services import Service
 
 log = logging.getLogger("tether.worker.heartbeat")
@@ -106,6 +112,8 @@ class Heartbeat(Service):
         self.every = every
         self.queues = queues
         self.beats = 0  # written so far
+        self.rider: PassRider | None = None  # the reaper, whose pass may carry a beat
+        self.next_at: float | None = None  # time.monotonic() of the next beat (beat_rides.BeatClock)
         self.last_ok = time.monotonic()  # when the last beat got through (the isolation watch reads it)
         self._tried = False
 
@@ -123,20 +131,29 @@ class Heartbeat(Service):
         # Opening a connection (after a failed beat) is not part of the beat's time limit:
         # over a slow link the handshake alone takes two round trips, and a limit that
         # counted it would fail every beat from then on. connect_timeout bounds it.
+        self.next_at = None  # unknown until this beat got through
         try:
-            conn = await self.connection.get()  # a beat that cannot connect failed too
             sent = time.monotonic()
-            answer = await asyncio.wait_for(
-                heartbeats.write_heartbeats(
-                    conn,
-                    worker_id=self.worker_id,
-                    hostname=self.hostname,
-                    beat=beat,
-                    snapshot=snapshot,
-                    queues=self.queues,
-                ),
-                self.every,
-            )
+            rider = self.rider if self.rider is not None and self.rider.wants_ride(sent) else None
+            rode = rider is not None
+            answer = await self._ride(rider, beat, snapshot, sent) if rider is not None else None
+            if answer is None:
+                conn = await self.connection.get()  # a beat that cannot connect failed too
+                if not rode:
+                    # (After a ride that did not carry it, the beat keeps its moment: the next
+                    # is an interval after it, where the reaper planned its next pass.)
+                    sent = time.monotonic()
+                answer = await asyncio.wait_for(
+                    heartbeats.write_heartbeats(
+                        conn,
+                        worker_id=self.worker_id,
+                        hostname=self.hostname,
+                        beat=beat,
+                        snapshot=snapshot,
+                        queues=self.queues,
+                    ),
+                    self.every,
+                )
         except Exception:
             hooks.heartbeat(None)
             raise
@@ -145,14 +162,36 @@ class Heartbeat(Service):
         # not from the answer, keeps the isolation watch ahead of every reaper however long
         # the answer took to come back.
         self.last_ok = sent
+        self.next_at = sent + self.every
         self.beats += 1
         self.source.answered(dataclasses.replace(answer, sent_at=sent))
-        await self._record_recoveries(conn)
+        await self._record_recoveries()
         # Beats are sent an interval apart, however long each took: the gaps the reaper sees
         # stay one interval, not an interval plus a round trip.
         return max(0.0, self.every - (time.monotonic() - sent))
 
-    async def _record_recoveries(self, conn: AsyncConn) -> None:
+    async def _ride(
+        self, rider: PassRider, beat: Beat, snapshot: Snapshot | None, sent: float
+    ) -> BeatAnswer | None:
+        """The beat written by the reaper's pass, which was planned on it; None: write it here."""
+
+        def write(conn: Conn) -> BeatAnswer:
+            return heartbeats.write_heartbeats_sync(
+                conn,
+                worker_id=self.worker_id,
+                hostname=self.hostname,
+                beat=beat,
+                snapshot=snapshot,
+                queues=self.queues,
+            )
+
+        try:
+            return await rider.ride(write, sent + self.every)
+        except Exception as exc:
+            log.debug("the reaper's pass did not carry the beat (%r): written alone", exc)
+            return None
+
+    async def _record_recoveries(self) -> None:
         """The recoveries tallied since the last beat, for the dashboard's chart: one more
         statement, only when there were any. A failure keeps them for a later beat and is no
         failed beat: the heartbeat itself got through."""
@@ -164,6 +203,7 @@ class Heartbeat(Service):
         from tether.broker import charts
 
         try:
+            conn = await self.connection.get()
             await asyncio.wait_for(charts.record_recoveries(conn, tally), self.every)
         except Exception as exc:
             recovery_tally.give_back(tally)

@@ -384,7 +384,9 @@ class StartedWorker:
                 worker_id=me,  # its connection's name says whose it is (`tether health` looks)
             )
             listeners.append(self.listener)
-        reaper = Reaper(url, config, every, me, self.maintenance)
+        # An idle pass rides on this worker's beats, in the beat's transaction (beat_rides.py).
+        reaper = Reaper(url, config, every, me, self.maintenance, beats=heartbeat)
+        heartbeat.rider = reaper
         # Startup reconciliation has the maintenance connection first: the claim loop waits
         # for it, and neither a reaper pass nor the scheduler's first round goes before it.
         self.reconciled = asyncio.Event()

@@ -31,6 +31,9 @@ INSERT INTO tether_reaper DEFAULT VALUES ON CONFLICT DO NOTHING;
 -- holds it. A worker that lost a race re-reads the row once the winner commits and finds
 -- it no longer due. pass is NULL when not claimed; due_in_s then says when the pass is
 -- due, as this statement's snapshot saw it (<= 0: due, but another worker holds it).
+-- `early`: how long before its moment the pass may be claimed (0 but for a pass that rides
+-- on its worker's heartbeat, worker/beat_rides.py: the beat is sent on the worker's clock,
+-- and must not miss the moment it was planned for by a few milliseconds).
 -- For the rest of the pass's transaction: no parallel workers (serial). Each of its
 -- statements reads a few hundred rows through partial indexes; with parallel workers
 -- allowed, the planner read every workflow step ever kept in parallel (stuck_steps: a
@@ -41,7 +44,7 @@ WITH claimed AS (
     UPDATE tether_reaper
     SET last_pass_at = now(), last_worker_id = %(worker_id)s, passes = passes + 1
     WHERE singleton
-      AND CASE WHEN next_pass_at <= now() OR last_pass_at <= now() - %(check_interval)s::interval
+      AND CASE WHEN next_pass_at <= now() + %(early)s::interval OR last_pass_at <= now() - %(check_interval)s::interval
                THEN pg_try_advisory_xact_lock(2122188290)
                ELSE false END
     RETURNING passes
@@ -55,3 +58,9 @@ FROM tether_reaper r WHERE r.singleton;
 -- name: schedule_next_reaper_pass
 -- In the claiming pass's transaction, at its end: when the fleet's next pass is due.
 UPDATE tether_reaper SET next_pass_at = now() + %(after)s::interval WHERE singleton;
+
+-- name: schedule_reaper_pass_at
+-- The same, for a pass planned on a heartbeat (worker/beat_rides.py): counted from the
+-- statement's own moment, not the transaction's start, so that the moment is the beat's
+-- however long the pass took to begin.
+UPDATE tether_reaper SET next_pass_at = clock_timestamp() + %(after)s::interval WHERE singleton;
