@@ -44,7 +44,7 @@ from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled
 from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
 
-PORT = 19150
+PORT = 19150  # --metrics-port: another session's bench may hold this one
 KINDS = {
     "sync": ("bench.apps:app", "noop", ("--processes", "2", "--async-processes", "0")),
     "async": ("bench.async_apps:app", "anoop", ("--processes", "0", "--async-processes", "1")),
@@ -159,6 +159,7 @@ def scrape_time(db: BenchDatabase, history: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global PORT
     p = argparse.ArgumentParser(prog="python -m bench.observability")
     p.add_argument("--database-url", default=os.environ.get("TETHER_BENCH_DATABASE_URL", DEFAULT_SERVER_URL))
     p.add_argument("--tasks", type=int, default=10_000)
@@ -172,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
         "traces), tracing_sampled (tracing alone, 1 %% of traces)",
     )
     p.add_argument("--kinds", default="sync,async", help="comma-separated executors: sync, async")
+    p.add_argument("--metrics-port", type=int, default=PORT, help="the worker's metrics port (metrics modes)")
     a = p.parse_args(argv)
+    PORT = a.metrics_port
     db = BenchDatabase(a.database_url)
     db.create()
     try:

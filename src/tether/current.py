@@ -36,6 +36,9 @@ class RunningTask:
     worker_id: str  # the worker holding the claim (tether_workers.id)
     # This attempt's checkpointed steps (tether.steps), set by the child running the task.
     _steps: StepBook | None = field(default=None, repr=False, compare=False)
+    # The W3C trace context it was sent with (tracing on): what an async child's unsampled run
+    # resolves as its current span only when asked (tether.tracing.follow_runs).
+    _trace_context: str | None = field(default=None, repr=False, compare=False)
 
     def step(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` once for this task, across all its attempts

@@ -107,3 +107,12 @@ def relay(n: int) -> TaskResult[str, TaskError]:
     with trace.get_tracer("tests").start_as_current_span("inside relay"):
         handle = double.send(n)
     return TaskResult(ok=str(handle.id))
+
+
+@app.task("relay_async")
+async def relay_async(n: int) -> TaskResult[str, TaskError]:
+    """relay in the async child, where an unsampled send's run finds its context current
+    without an attach of its own (tether.tracing.follow_runs)."""
+    with trace.get_tracer("tests").start_as_current_span("inside relay_async"):
+        handle = await double.send_async(n)
+    return TaskResult(ok=str(handle.id))

@@ -156,7 +156,9 @@ def test_the_steps_of_a_workflow_run_in_the_trace_of_its_start(
     assert all(r["trace_id"] == trace_id and r["parent_id"] == span_id for r in runs), runs
 
 
+@pytest.mark.parametrize("relay", ["relay", "relay_async"])  # a sync child, the async child
 def test_a_run_whose_send_was_not_sampled_records_nothing_and_what_it_sends_follows_that_decision(
+    relay: str,
     traced: ModuleType,
     db: psycopg.Connection[Any],
     workers: WorkerFactory,
@@ -174,7 +176,7 @@ def test_a_run_whose_send_was_not_sampled_records_nothing_and_what_it_sends_foll
     )
     token = otel_context.attach(trace.set_span_in_context(not_sampled))
     try:
-        handle = traced.relay.send(21)
+        handle = getattr(traced, relay).send(21)
     finally:
         otel_context.detach(token)
     sent_id = handle.get(timeout=WAIT).ok

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tether import tracing
 from tether.broker.claims import OutcomeWrite, TaskPayload
 from tether.broker.types import DatabaseError
 from tether.current import set_cancel_probe, set_current_task_in_context
@@ -118,6 +119,10 @@ class AsyncChild:
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.executor.traced:
+            # Before any run starts: each run's asyncio task inherits this context, in which an
+            # unsampled run's send is current without a span or attach of its own.
+            tracing.follow_runs()
         loop.add_reader(self.conn.fileno(), self._read)
         self._stamp()
         self._send(protocol.READY)

@@ -243,6 +243,7 @@ def running_task(task: TaskPayload, worker_id: str, steps: StepStore | None = No
         retry_count=task.retry_count,
         worker_id=worker_id,
         _steps=book,
+        _trace_context=task.trace_context,
     )
 
 

@@ -63,10 +63,18 @@ class Executor:
         return self.outcome_of(payload, value)
 
     async def run_async(self, payload: TaskPayload) -> Outcome:
-        """_run_async (below), in a CONSUMER span when tracing is on."""
-        if self.traced:
-            return await tracing.process_async(payload, lambda: self._run_async(payload))
-        return await self._run_async(payload)
+        """_run_async (below), in a CONSUMER span when tracing is on. It must be awaited in an
+        asyncio task made for this run (AsyncChild's): the span's context is made current in
+        that task's own copy of the context and is not detached (tracing.enter_run)."""
+        if not self.traced or (span := tracing.enter_run(payload)) is None:
+            return await self._run_async(payload)  # untraced, or an unsampled send's run
+        try:
+            outcome = await self._run_async(payload)
+        except BaseException:  # cancelled: the child is going away, the recovery is recorded elsewhere
+            span.end()
+            raise
+        tracing.leave_run(span, outcome)
+        return outcome
 
     async def _run_async(self, payload: TaskPayload) -> Outcome:
         """Run the task's code in this event loop, among others (an async child).
