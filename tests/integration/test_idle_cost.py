@@ -62,11 +62,13 @@ def db_now(db: psycopg.Connection[Any]) -> Any:
 
 
 def settled(db: psycopg.Connection[Any], since: Any) -> bool:
-    """The worker started after ``since`` listens, and its pool has been idle for 1 s since."""
+    """The worker started after ``since`` listens, and its pool has been used since its listener
+    connected and idle for 1 s since. (From the listener's connecting, not its last statement:
+    it sends its LISTENs again to read the server's clock anew while a reading was slow.)"""
     row = db.execute(
         "WITH mine AS (SELECT * FROM pg_stat_activity"
         "   WHERE datname = current_database() AND backend_start >= %(since)s)"
-        " SELECT (SELECT max(state_change) FROM mine"
+        " SELECT (SELECT max(backend_start) FROM mine"
         "          WHERE query LIKE 'LISTEN tether_work%%' AND state = 'idle') AS listening,"
         "        (SELECT max(state_change) FROM mine WHERE application_name = 'tether-worker') AS pool_used,"
         "        (SELECT count(*) FROM mine"
