@@ -396,7 +396,7 @@ def test_priority_goes_first_across_keys_within_the_limits(
 def test_keys_take_turns_one_task_per_claim_over_more_keys_than_a_window(
     db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
 ) -> None:
-    """One child, claims of one task: 40 keys (more than a window of 32), the big one sent
+    """One child, claims of one task: 40 keys (more than a window, 8 keys for such claims), the big one sent
     first. Round-robin from the last key served, not the oldest head: every small key's
     task starts before the big key's 5th."""
 
