@@ -396,7 +396,7 @@ def test_priority_goes_first_across_keys_within_the_limits(
 def test_keys_take_turns_one_task_per_claim_over_more_keys_than_a_window(
     db: psycopg.Connection[Any], database_url: str, workers: WorkerFactory
 ) -> None:
-    """One child, claims of one task: 40 keys (more than a window of 32), the big one sent
+    """One child, claims of one task: 40 keys (more than a window, 8 keys for such claims), the big one sent
     first. Round-robin from the last key served, not the oldest head: every small key's
     task starts before the big key's 5th."""
 
@@ -529,3 +529,54 @@ async def test_a_claim_that_waited_for_the_queue_lock_counts_what_the_holder_cla
     finally:
         await holder.close()
         await waiter.close()
+
+
+async def test_the_limited_claim_is_planned_once_per_session(
+    db: psycopg.Connection[Any], direct_url: str
+) -> None:
+    """A sync worker's limited claims take a few tasks each, and planning the claim's statement
+    cost more server CPU than running it (docs/limits.md, "What it costs"): the claim keeps one
+    generic plan for the session (migration 0019), from its first execution on. auto_explain
+    shows each plan the claim's statement runs: a generic plan has the claim's values as
+    parameters ($1), a plan made for one execution has them written in ('keyed'::text)."""
+    from psycopg.rows import dict_row
+
+    from tether.broker.limited_claims import KeyCursor, claim_limited
+
+    db.execute("INSERT INTO tether_queue_limits (queue, per_key) VALUES ('keyed', 2)")
+    db.execute(
+        "INSERT INTO tether_tasks (id, name, queue, concurrency_key) SELECT gen_random_uuid(), 'plain_work',"
+        " 'keyed', 'key-' || (i % 5) FROM generate_series(1, 20) i"
+    )
+    conn = await psycopg.AsyncConnection.connect(direct_url, autocommit=True, row_factory=dict_row)
+    plans: list[str] = []
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    try:
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_level = notice",
+        ):
+            await conn.execute(setting)
+        cursor = KeyCursor()
+        claimed = 0
+        for _ in range(3):
+            claim = await claim_limited(
+                conn,
+                queue="keyed",
+                worker_id="w",
+                cursor=cursor,
+                limit=2,
+                async_limit=0,
+                async_names=[],
+                skip_names=[],
+            )
+            claimed += len(claim.tasks)
+    finally:
+        await conn.close()
+    assert claimed == 6
+    claim_plans = [plan for plan in plans if "tether_tasks_key_claim_idx" in plan]
+    assert len(claim_plans) == 3, plans
+    for plan in claim_plans:
+        assert "(queue = $1)" in plan and "'keyed'::text" not in plan, plan
