@@ -35,6 +35,7 @@ from tether import (
     WorkflowHandle,
 )
 from tether.broker.tasks import count_status_of, database_now, find_worker_by_pid
+from tether.broker.workers import list_workers
 from tether.config import mask_url
 from tether.db.connection import resolve_database_url
 from tether.errors import TaskNotFoundError
@@ -182,6 +183,11 @@ def _crash(
     console.print(f"   demo.render: {render_result.ok if render_result.is_ok else render_result.err}")
     console.print(f"   demo.charge: {charge_result.err if charge_result.is_err else charge_result.ok}")
     flow_ok = _workflow_outcome(console, flow)
+    # The reaper marks a silent worker inactive after three missed heartbeats: usually before
+    # the workflow ends, but not always on a busy machine, and the demo ends with no worker
+    # left active.
+    _until(lambda: _status_of(a_id) == "inactive", 20, "worker A to be marked inactive")
+    console.print("   worker A: inactive (the reaper saw three heartbeats missed)")
     charge_err = charge_result.err
     return (
         render_result.is_ok
@@ -189,6 +195,11 @@ def _crash(
         and charge_err is not None
         and charge_err.code == ErrorCode.WORKER_CRASHED
     )
+
+
+def _status_of(worker_id: str) -> str | None:
+    rows = app.broker.run(lambda conn: list_workers(conn, include_inactive=True, limit=100))
+    return next((w.status for w in rows if w.id == worker_id), None)
 
 
 def _running_on(info: Callable[[], TaskInfo], worker_id: str) -> bool:
