@@ -191,6 +191,32 @@ def _steady(proxy: WireCounter, beats: int) -> bool:
     return _count(kinds, BEATS) >= beats and passed and prepared
 
 
+def _idle_window(
+    db: psycopg.Connection[Any],
+    proxy: WireCounter,
+    workers: WorkerFactory,
+    env: dict[str, str],
+    window: float,
+    *,
+    settle_s: float,
+    poll_s: float,
+) -> tuple[list[str], str]:
+    """Start an idle worker with ``env``, let its start-up end (two beats seen), then the kinds
+    of the transactions it made over ``window`` seconds and their breakdown; all committed."""
+    worker = workers.start(APP, "--processes", "1", env=env)
+    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
+    wait_until(
+        lambda: _steady(proxy, beats=2), timeout=settle_s, interval=poll_s, message="the start-up to end"
+    )
+    t0 = time.monotonic()
+    time.sleep(window)
+    txs = proxy.transactions(t0, t0 + window)
+    assert worker.proc.poll() is None, worker.log()
+    breakdown = f"{len(txs)} transactions in {window:g}s:\n{WireCounter.transaction_summary(txs)}"
+    assert all(t.committed for t in txs), breakdown
+    return [_kind(t) for t in txs], breakdown
+
+
 @pytest.mark.timing
 @pytest.mark.direct_only(
     "counts the transactions between a worker and its server through a proxy of its own, in "
@@ -213,19 +239,9 @@ def test_an_idle_worker_commits_its_heartbeat_and_the_reaper_pass_and_claims_onl
         "TETHER_CHECK_INTERVAL_MS": "2000",
         "TETHER_DATABASE_URL": proxy.url,
     }
-    worker = workers.start(APP, "--processes", "1", env=env)
-    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
-    wait_until(lambda: _steady(proxy, beats=2), timeout=30, interval=0.05, message="the start-up to end")
-
-    t0 = time.monotonic()
-    time.sleep(WINDOW_S)
-    txs = proxy.transactions(t0, t0 + WINDOW_S)
-    assert worker.proc.poll() is None, worker.log()
-    kinds = [_kind(t) for t in txs]
-    breakdown = f"{len(txs)} transactions in {WINDOW_S:g}s:\n{WireCounter.transaction_summary(txs)}"
+    kinds, breakdown = _idle_window(db, proxy, workers, env, WINDOW_S, settle_s=30, poll_s=0.05)
     intervals = WINDOW_S / interval
 
-    assert all(t.committed for t in txs), breakdown
     # Every transaction is one of these: nothing else runs while the worker idles (the
     # listener sits in LISTEN and sends nothing; the scheduler's look rides on the beat; a
     # reaper that did the last pass claims the next without reading first).
@@ -271,17 +287,7 @@ def test_an_idle_worker_at_default_settings_commits_once_per_heartbeat_interval(
         "TETHER_CHECK_INTERVAL_MS": str(defaults.check_interval_ms),
         "TETHER_DATABASE_URL": proxy.url,
     }
-    worker = workers.start(APP, "--processes", "1", env=env)
-    wait_until(lambda: waiting_for_work(db, worker.worker_id), timeout=30, message="the worker to wait")
-    wait_until(lambda: _steady(proxy, beats=2), timeout=75, interval=0.1, message="the start-up to end")
-
-    t0 = time.monotonic()
-    time.sleep(window)
-    txs = proxy.transactions(t0, t0 + window)
-    assert worker.proc.poll() is None, worker.log()
-    kinds = [_kind(t) for t in txs]
-    breakdown = f"{len(txs)} transactions in {window:g}s:\n{WireCounter.transaction_summary(txs)}"
-    assert all(t.committed for t in txs), breakdown
+    kinds, breakdown = _idle_window(db, proxy, workers, env, window, settle_s=75, poll_s=0.1)
     writes = _count(kinds, WRITES)
     # Three intervals: three commits, and one more for a beat at either edge of the window.
     assert 2 <= writes <= 4, breakdown
