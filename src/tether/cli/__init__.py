@@ -19,6 +19,7 @@ from tether.cli import common
 from tether.config import AppConfig, LogFormat, LoggingConfig
 from tether.errors import TetherError
 from tether.log_setup import setup_logging
+from tether.worker.heap import resume_collection
 
 # Each command's module is imported when that command runs (or for --help): `tether worker`
 # starts without importing the other commands and what they use (rich, the dashboard).
@@ -70,6 +71,8 @@ class LazyGroup(click.Group):
 @common.log_format_option
 def cli(log_level: str, log_format: str | None) -> None:
     """tether: durable background tasks on PostgreSQL."""
+    # The command's module is imported by now: end the entry point's pause (tether.__main__).
+    resume_collection()
     # TETHER_LOG_FORMAT is read (and checked) here; a worker's app config may still set it.
     setup_logging(log_level.upper(), cast(LogFormat, log_format) if log_format else LoggingConfig().format)
 

@@ -83,23 +83,29 @@ def worker(
     log_format: str | None,
 ) -> None:
     """Run a worker for APP_PATH (module:app), or for a Django project with --django SETTINGS."""
-    from tether.worker.app_loader import load_app
-    from tether.worker.schema_check import begin_schema_check
-
     if (app_path is None) == (django_settings is None):
         raise click.UsageError("give either APP_PATH (module:app) or --django SETTINGS (a settings module)")
-    if django_settings is not None:
-        # Imported only here: Django is an optional extra (tether[django]).
-        from tether.contrib.django.worker import cli_worker_app
+    from tether.worker.heap import pause_collection, resume_collection
 
-        app, app_path = cli_worker_app(django_settings, django_backend)
-    else:
-        assert app_path is not None
-        app = load_app(app_path)
-    # The first round trip goes on while the worker's modules are imported (schema_check.py).
-    schema_checked = begin_schema_check(app)
-    from tether.worker.main import run_worker
+    # No collection while the app and the worker's modules are imported (tether.worker.heap).
+    pause_collection()
+    try:
+        from tether.worker.app_loader import load_app
+        from tether.worker.schema_check import begin_schema_check
 
+        if django_settings is not None:
+            # Imported only here: Django is an optional extra (tether[django]).
+            from tether.contrib.django.worker import cli_worker_app
+
+            app, app_path = cli_worker_app(django_settings, django_backend)
+        else:
+            assert app_path is not None
+            app = load_app(app_path)
+        # The first round trip goes on while the worker's modules are imported (schema_check.py).
+        schema_checked = begin_schema_check(app)
+        from tether.worker.main import run_worker
+    finally:
+        resume_collection()
     schema_checked()
     # Its children log in the same format (the supervisor hands them LogSetup.current()).
     common.apply_log_format(log_format, app.config)
