@@ -1,10 +1,10 @@
 """Configuration: AppConfig, PostgresConfig, RecoveryConfig, WorkerConfig and RetryPolicy.
 
-Why pydantic + pydantic-settings: a bad config must be refused at construction with a
-message that names the field and says why, and every setting must also be readable from
-``TETHER_*`` environment variables. pydantic gives the first (``ValidationError``, a
-``ValueError``, lists each failing field and its reason); pydantic-settings gives the second
-without hand-written parsing, with explicit arguments taking precedence over the environment.
+Why pydantic: a bad config must be refused at construction with a message that names the
+field and says why (``ValidationError``, a ``ValueError``, lists each failing field and its
+reason). Every setting is also readable from a ``TETHER_*`` environment variable, explicit
+arguments taking precedence (tether.env_settings: the variable's text goes through the
+field's own validation).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 import random
 import re
 from collections.abc import Iterable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tether.env_settings import EnvSettings
 from tether.limits import QueueLimits
 from tether.names import QUEUE_NAME_RULE, is_queue_name
 from tether.result import ErrorCode
@@ -92,11 +92,9 @@ def _check_queue_names(field: str, names: list[str]) -> list[str]:
     return names
 
 
-QueueList = Annotated[list[str], NoDecode, BeforeValidator(_split_names)]
+QueueList = Annotated[list[str], BeforeValidator(_split_names)]
 # Validators run last-declared first: "" / "none" mean None before any splitting.
-OptQueueList = Annotated[
-    list[str] | None, NoDecode, BeforeValidator(_split_names), BeforeValidator(_none_words)
-]
+OptQueueList = Annotated[list[str] | None, BeforeValidator(_split_names), BeforeValidator(_none_words)]
 
 
 def mask_url(url: str) -> str:
@@ -119,10 +117,11 @@ def mask_url(url: str) -> str:
     return re.sub(r"(?i)(^|[?&\s])(password=)[^&\s#]*", r"\1\2***", url)
 
 
-class RecoveryConfig(BaseSettings):
+class RecoveryConfig(EnvSettings):
     """How workers prove they are alive and how the reaper recovers what dead ones left behind."""
 
-    model_config = SettingsConfigDict(env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, validate_default=True)
+    env_prefix: ClassVar[str] = "TETHER_"
 
     auto_requeue_stale_claimed: bool = True
     claimed_stale_threshold_ms: Int = Field(default=120_000, ge=1_000, le=3_600_000)
@@ -154,13 +153,14 @@ class RecoveryConfig(BaseSettings):
         return self
 
 
-class PostgresConfig(BaseSettings):
+class PostgresConfig(EnvSettings):
     """Where the database is. No URL means the embedded server shared by the machine."""
 
     # hide_input_in_errors: a rejected URL would otherwise be echoed, password included.
-    model_config = SettingsConfigDict(
-        env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True, validate_default=True
     )
+    env_prefix: ClassVar[str] = "TETHER_"
 
     database_url: str | None = None
     # What sits between tether and PostgreSQL (docs/pgbouncer.md). "transaction": a pooler in
@@ -250,12 +250,11 @@ class PostgresConfig(BaseSettings):
             yield name, value
 
 
-class WorkerConfig(BaseSettings):
+class WorkerConfig(EnvSettings):
     """One worker: how many child processes, which queues, how eagerly it claims."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="TETHER_WORKER_", frozen=True, extra="forbid", allow_inf_nan=False
-    )
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, validate_default=True)
+    env_prefix: ClassVar[str] = "TETHER_WORKER_"
 
     # Sync child processes (one task at a time each). None = the machine's CPU count when
     # the app has sync tasks (clamped to 256), else 0; see tether.worker.lanes.
@@ -304,10 +303,11 @@ LogFormat = Literal["human", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("human", "json")
 
 
-class LoggingConfig(BaseSettings):
+class LoggingConfig(EnvSettings):
     """How a worker's processes and the dashboard write log lines (docs/configuration.md#log-format)."""
 
-    model_config = SettingsConfigDict(env_prefix="TETHER_LOG_", frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    env_prefix: ClassVar[str] = "TETHER_LOG_"
 
     format: LogFormat = "human"  # TETHER_LOG_FORMAT; `--log-format` overrides it
 
@@ -454,7 +454,7 @@ class RetryPolicy(BaseModel):
         return cls.model_validate(data)
 
 
-def _settings_from_dict(cls: type[BaseSettings]) -> Any:
+def _settings_from_dict(cls: type[EnvSettings]) -> Any:
     # A nested dict (from a file, or TETHER_BROKER='{...}') goes through the settings class's
     # constructor, so the fields it leaves out still come from the environment.
     def build(value: Any) -> Any:
@@ -463,13 +463,14 @@ def _settings_from_dict(cls: type[BaseSettings]) -> Any:
     return BeforeValidator(build)
 
 
-class AppConfig(BaseSettings):
+class AppConfig(EnvSettings):
     """Everything a tether app needs. ``AppConfig()`` alone uses the embedded database."""
 
     # hide_input_in_errors: the echoed input could hold a broker dict with a password.
-    model_config = SettingsConfigDict(
-        env_prefix="TETHER_", frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, hide_input_in_errors=True, validate_default=True
     )
+    env_prefix: ClassVar[str] = "TETHER_"
 
     broker: Annotated[PostgresConfig, _settings_from_dict(PostgresConfig)] = Field(
         default_factory=PostgresConfig

@@ -602,6 +602,31 @@ def test_nested_dicts_still_read_env(monkeypatch: pytest.MonkeyPatch) -> None:
     _fails(AppConfig, "check_interval_ms", recovery={"check_interval_ms": 5})
 
 
+def test_env_names_are_read_in_any_case_and_arguments_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("tether_database_url", "postgresql://lower@h/db")
+    monkeypatch.setenv("TETHER_POOL_MAX_SIZE", "3")
+    assert PostgresConfig().database_url == "postgresql://lower@h/db"
+    assert PostgresConfig(pool_max_size=4).pool_max_size == 4
+    assert PostgresConfig(database_url=None).database_url is None  # an explicit None is an argument
+
+
+def test_json_settings_from_env_name_the_field_and_lie_under_dict_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TETHER_BROKER", '{"database_url": "postgresql://h/db", "pool_max_size": 3}')
+    monkeypatch.setenv("TETHER_QUEUE_LIMITS", '{"default": {"max_in_flight": 2}}')
+    config = AppConfig(broker={"pool_min_size": 2})  # type: ignore[arg-type]
+    assert (config.broker.database_url, config.broker.pool_min_size, config.broker.pool_max_size) == (
+        "postgresql://h/db",
+        2,
+        3,
+    )
+    assert config.queue_limits["default"].max_in_flight == 2
+    monkeypatch.setenv("TETHER_QUEUE_LIMITS", "default=2")
+    with pytest.raises(ValueError, match="queue_limits: TETHER_QUEUE_LIMITS is not JSON"):
+        AppConfig()
+
+
 def test_app_config_is_frozen() -> None:
     config = AppConfig()
     with pytest.raises(ValidationError):

@@ -27,6 +27,9 @@ NOT_FOR_A_PRODUCER = (
     "opentelemetry",
     "prometheus_client",
     "multiprocessing",
+    # tether.env_settings reads TETHER_* itself: pydantic-settings imported ~200 modules.
+    "pydantic_settings",
+    "dotenv",
 )
 
 
