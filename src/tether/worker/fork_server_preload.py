@@ -17,10 +17,13 @@ import contextlib
 import os
 import signal
 
-from tether.worker import async_child, child  # noqa: F401 - imported for the children
-from tether.worker.app_loader import load_app
-from tether.worker.heap import freeze_start_up
-from tether.worker.start_method import APP_PATH_ENV
+from tether.worker.heap import pause_collection, resume_collection
+
+pause_collection()  # no collection pass while the children's modules are imported (heap.py)
+
+from tether.worker import async_child, child  # noqa: E402, F401 - imported for the children
+from tether.worker.app_loader import load_app  # noqa: E402
+from tether.worker.start_method import APP_PATH_ENV  # noqa: E402
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -28,4 +31,5 @@ _app_path = os.environ.get(APP_PATH_ENV)
 if _app_path:
     with contextlib.suppress(Exception):
         load_app(_app_path)
-freeze_start_up()  # what the children inherit stays out of their collections (heap.py)
+# What the children inherit is frozen, out of their collections (heap.py), and collection resumes.
+resume_collection()
