@@ -28,10 +28,6 @@ import gc
 
 def freeze_start_up() -> None:
     """Everything this process made so far is exempt from garbage collection from now on."""
-    import os  # TEMP
-
-    if os.environ.get("PT_NOFREEZE"):  # TEMP
-        return  # TEMP
     gc.freeze()
 
 
