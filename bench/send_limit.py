@@ -18,7 +18,9 @@ The async part does the same with ``psycopg.AsyncConnection`` and ``await noop.s
 one at a time (``send_async_concurrent`` measures 16 in flight).
 
 Figure: per kind, tasks (rows) per second over all its blocks; the ratio send / insert per
-block pair, median and range. Target: median >= 0.9.
+block pair, median and range. Target: median >= 0.9. Context: the client's CPU per call of each
+kind (this process's CPU time over the block, median of the blocks): what the Python of tether
+and psycopg costs a send, a figure the machine's load moves much less than the rates.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,11 +35,14 @@ import psycopg
 
 from bench.apps import make_app
 from bench.scenarios import Context, Outcome, Row
+from tether.ids import new_task_id
 
 RATIO_TARGET = 0.9
 TABLE = "bench_one_row"
 INSERT = f"INSERT INTO {TABLE} (id) VALUES (%s)"
-# The columns a plain noop.send() sets (the others take their defaults), as literals.
+# The columns a plain noop.send() sets (the others take their defaults), as literals, with a
+# time-ordered id as a send's (tether.ids): a random one would scatter the primary key's
+# inserts over its leaf pages, which no send does.
 TASK_ROW = (
     "INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries, run_at, enqueued_at)"
     " VALUES (%s, 'noop', 'default', 0, '[]'::jsonb, '{}'::jsonb, 0, now(), now())"
@@ -60,19 +64,32 @@ def send_limit(ctx: Context) -> Outcome:
             conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     rows, parts, detail = [], [], {"per_block": per_block, "blocks": blocks}
     for label, blocks_s in (("sync", sync), ("async", asynchronous)):
-        rate = {kind: per_block * len(times) / sum(times) for kind, times in blocks_s.items()}
-        ratios = [i / s for s, i in zip(blocks_s["send"], blocks_s["insert"], strict=True)]
+        walls = {kind: [wall for wall, _ in times] for kind, times in blocks_s.items()}
+        cpu_us = {
+            kind: statistics.median(cpu for _, cpu in times) / per_block * 1e6
+            for kind, times in blocks_s.items()
+        }
+        rate = {kind: per_block * len(times) / sum(times) for kind, times in walls.items()}
+        ratios = [i / s for s, i in zip(walls["send"], walls["insert"], strict=True)]
         ratio = statistics.median(ratios)
-        detail[label] = {"rates": rate, "block_seconds": blocks_s, "send_over_insert": ratios}
+        detail[label] = {
+            "rates": rate,
+            "block_seconds": walls,
+            "client_cpu_us_per_call": cpu_us,
+            "send_over_insert": ratios,
+        }
         parts.append(
             f"{label}: one-row INSERT {rate['insert']:,.0f}/s, the same into tether_tasks "
             f"{rate['task_row']:,.0f}/s, send {rate['send']:,.0f}/s; send/INSERT per block pair "
-            f"median {ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            f"median {ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f}); client CPU per call "
+            f"{cpu_us['insert']:.0f} / {cpu_us['task_row']:.0f} / {cpu_us['send']:.0f} us"
         )
         rows += [
             Row("send_limit", f"{label}: one-row INSERT, durable, commits/s", rate["insert"], ""),
             Row("send_limit", f"{label}: one-row INSERT into tether_tasks, commits/s", rate["task_row"], ""),
             Row("send_limit", f"{label}: send(), durable, tasks/s", rate["send"], ""),
+            Row("send_limit", f"{label}: client CPU per one-row INSERT", cpu_us["insert"], "us"),
+            Row("send_limit", f"{label}: client CPU per send()", cpu_us["send"], "us"),
             Row(
                 "send_limit",
                 f"{label}: send / INSERT, median of {blocks} block pairs",
@@ -85,34 +102,38 @@ def send_limit(ctx: Context) -> Outcome:
     return Outcome("; ".join(parts), rows, detail)
 
 
-def _sync(url: str, per_block: int, blocks: int, warmup: int) -> dict[str, list[float]]:
+# Per kind, one (wall seconds, client CPU seconds) per block.
+Blocks = dict[str, list[tuple[float, float]]]
+
+
+def _sync(url: str, per_block: int, blocks: int, warmup: int) -> Blocks:
     app = make_app(url)
     noop = app.tasks["noop"]
     conn = psycopg.connect(url, autocommit=True)
     counter = iter(range(10**9))
     kinds: dict[str, Callable[[], Any]] = {
         "insert": lambda: conn.execute(INSERT, (next(counter),)),
-        "task_row": lambda: conn.execute(TASK_ROW, (uuid.uuid4(),)),
+        "task_row": lambda: conn.execute(TASK_ROW, (new_task_id(),)),
         "send": noop.send,
     }
-    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+    seconds: Blocks = {kind: [] for kind in kinds}
     try:
         for call in kinds.values():  # psycopg prepares each statement on its 6th run
             for _ in range(warmup):
                 call()
         for _ in range(blocks):
             for kind, call in kinds.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(per_block):
                     call()
-                seconds[kind].append(time.perf_counter() - t0)
+                seconds[kind].append((time.perf_counter() - t0, time.process_time() - c0))
     finally:
         conn.close()
         app.close()
     return seconds
 
 
-async def _async(url: str, per_block: int, blocks: int, warmup: int) -> dict[str, list[float]]:
+async def _async(url: str, per_block: int, blocks: int, warmup: int) -> Blocks:
     app = make_app(url)
     noop = app.tasks["noop"]
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
@@ -122,23 +143,23 @@ async def _async(url: str, per_block: int, blocks: int, warmup: int) -> dict[str
         await conn.execute(INSERT, (next(counter),))
 
     async def task_row() -> None:
-        await conn.execute(TASK_ROW, (uuid.uuid4(),))
+        await conn.execute(TASK_ROW, (new_task_id(),))
 
     async def send() -> None:
         await noop.send_async()
 
     kinds: dict[str, Callable[[], Awaitable[None]]] = {"insert": insert, "task_row": task_row, "send": send}
-    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+    seconds: Blocks = {kind: [] for kind in kinds}
     try:
         for call in kinds.values():
             for _ in range(warmup):
                 await call()
         for _ in range(blocks):
             for kind, call in kinds.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(per_block):
                     await call()
-                seconds[kind].append(time.perf_counter() - t0)
+                seconds[kind].append((time.perf_counter() - t0, time.process_time() - c0))
     finally:
         await conn.close()
         aclose = getattr(app.broker, "aclose", None)

@@ -16,26 +16,32 @@
 -- plus delay. now() is the transaction's start, in the caller's transaction too.
 
 -- name: insert_task
+-- One INSERT, no CTE and no rows back (psycopg has no result to describe): the statement's
+-- side effects are computed once, before the row is written, in a one-row subquery the
+-- planner keeps for its volatile functions (EXPLAIN VERBOSE shows it as a Subquery Scan):
 -- durable false (PostgresConfig.durable_sends / with_options(durable=False)): this
--- transaction's commit does not wait for its WAL flush. The setting is made in the
--- INSERT's own source row, so it happens whether or not anyone is notified; a durable
--- send leaves the session's synchronous_commit (the server's or the user's) untouched.
--- No code can run on a task whose insert is later lost in a server crash: a child's
--- start is a durable commit, and its flush carries the earlier insert.
-WITH ins AS (
-    INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
-                              retry_policy, good_until, run_at, enqueued_at, trace_context, concurrency_key)
-    SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
-           %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s,
-           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval),
-           coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval), %(trace_context)s,
-           %(concurrency_key)s::text
-    FROM (SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END)
-         AS commit_mode
-    RETURNING queue, run_at
-)
-SELECT pg_notify('tether_work', queue || ' ' || extract(epoch FROM run_at)::text) FROM ins
-WHERE run_at > now() OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(queue) END;
+-- transaction's commit does not wait for its WAL flush. The setting is made whether or not
+-- anyone is notified; a durable send leaves the session's synchronous_commit (the server's
+-- or the user's) untouched. No code can run on a task whose insert is later lost in a
+-- server crash: a child's start is a durable commit, and its flush carries the earlier insert.
+-- The NOTIFY, as the header says. Asking tether_work_is_awaited before the row is written
+-- rather than after keeps the lost-wakeup race closed (migration 0005): its lock is held
+-- shared from the check to the commit either way, and a registering worker's exclusive
+-- lock waits for that commit, then claims and sees the row. An INSERT that then fails
+-- aborts the transaction, and its NOTIFY with it.
+INSERT INTO tether_tasks (id, name, queue, priority, args, kwargs, max_retries,
+                          retry_policy, good_until, run_at, enqueued_at, trace_context, concurrency_key)
+SELECT %(id)s, %(name)s, %(queue)s, %(priority)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+       %(max_retries)s, %(retry_policy)s::jsonb, %(good_until)s, due.run_at, due.run_at,
+       %(trace_context)s, %(concurrency_key)s::text
+FROM (SELECT coalesce(%(run_at)s::timestamptz, now() + %(delay)s::interval) AS run_at) AS due,
+     LATERAL (
+         SELECT CASE WHEN NOT %(durable)s THEN set_config('synchronous_commit', 'off', true) END,
+                CASE WHEN due.run_at > now()
+                          OR CASE WHEN %(notify_always)s THEN true ELSE tether_work_is_awaited(%(queue)s) END
+                     THEN pg_notify('tether_work', %(queue)s || ' ' || extract(epoch FROM due.run_at)::text)
+                END
+     ) AS side_effects;
 
 -- name: insert_tasks
 -- send_many: one statement for the whole batch. The per-task columns arrive as
