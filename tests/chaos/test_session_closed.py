@@ -1,0 +1,210 @@
+"""The session_closed rule (RecoveryConfig.session_closed_threshold_ms): a worker killed as a
+whole, seen by another worker's reaper through its listener session, long before the stale
+thresholds.
+
+The killed worker runs in its own pid namespace (``unshare --pid``): as on another host, no
+process of the test's namespace can judge it by its pid, so only the reaper can. The stale
+thresholds are 30 s here: a decision within a few seconds can only be the new rule's.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.chaos.conftest import APP, check_history, db_now, last_heartbeat, runs, token, worker_row
+from tests.conftest import WorkerFactory, wait_until
+from tests.harness import WorkerProcess
+
+HEARTBEAT_MS, CLOSED_MS, STALE_MS = 1000, 1500, 30_000
+SETTINGS: dict[str, str] = {
+    "TETHER_CLAIMER_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS),
+    "TETHER_RUNNER_HEARTBEAT_INTERVAL_MS": str(HEARTBEAT_MS),
+    "TETHER_CLAIMED_STALE_THRESHOLD_MS": str(STALE_MS),
+    "TETHER_RUNNING_STALE_THRESHOLD_MS": str(STALE_MS),
+    "TETHER_CHECK_INTERVAL_MS": "1000",
+}
+OPTED_IN = {**SETTINGS, "TETHER_SESSION_CLOSED_THRESHOLD_MS": str(CLOSED_MS)}
+# The last beat came at most an interval before the kill; the rule may act 1.5 s after it, and
+# the pass that sees the closed session comes within a check interval. Slack for a loaded
+# machine; the stale threshold (30 s) is far beyond.
+DECIDED_WITHIN = timedelta(seconds=5)
+
+
+@dataclass
+class NamespacedWorker(WorkerProcess):
+    """A `tether worker` that is pid 1 of a pid namespace of its own (registered as pid 1)."""
+
+    def _registered_id(self, conn: psycopg.Connection[Any]) -> str | None:
+        row = conn.execute(
+            "SELECT id FROM tether_workers WHERE pid = 1 AND hostname = %s AND status = 'active'",
+            (socket.gethostname(),),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+
+def start_namespaced(workers: WorkerFactory, env: dict[str, str], *args: str) -> NamespacedWorker:
+    command = [
+        *("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--"),
+        *(sys.executable, "-m", "tether", "--log-level", "INFO", "worker", APP, *args),
+    ]
+    worker = NamespacedWorker(
+        APP,
+        workers.database_url,
+        workers.tmp / f"namespaced-{len(workers.started)}.log",
+        env={**os.environ, "TETHER_DATABASE_URL": workers.database_url, "PYTHONUNBUFFERED": "1", **env},
+        command=command,
+        check_url=workers.direct_url,
+    ).start()
+    workers.started.append(worker)  # killed at the end by the factory, by its pid
+    worker.wait_registered()
+    return worker
+
+
+def session_of(db: Any, worker_id: str) -> tuple[int | None, Any]:
+    row = worker_row(db, worker_id)
+    return row["listener_pid"], row["listener_backend_start"]
+
+
+def passes(db: Any) -> int:
+    return int(db.execute("SELECT passes FROM tether_reaper").fetchone()["passes"])
+
+
+def run_on(db: Any, chaos: ModuleType, worker_id: str) -> tuple[Any, str]:
+    tok = token()
+    task = chaos.app.tasks["hold"].send(tok, 120)
+    wait_until(
+        lambda: (
+            (
+                r := db.execute(
+                    "SELECT status, claimed_by_worker_id FROM tether_tasks WHERE id = %s", (task.id,)
+                ).fetchone()
+            )["status"]
+            == "RUNNING"
+            and r["claimed_by_worker_id"] == worker_id
+            and last_heartbeat(db, task.id, "runner") is not None
+        ),
+        timeout=30,
+        message="the task to run on the namespaced worker, with a runner heartbeat",
+    )
+    return task, tok
+
+
+@pytest.mark.timing
+def test_a_killed_worker_is_judged_by_its_closed_session(
+    db: Any, chaos: ModuleType, workers: WorkerFactory
+) -> None:
+    a = start_namespaced(workers, OPTED_IN, "--processes", "1")
+    assert a.worker_id is not None
+    listener_pid, started = session_of(db, a.worker_id)
+    assert listener_pid is not None and started is not None  # recorded when it listened
+    task, tok = run_on(db, chaos, a.worker_id)
+    b = workers.start(APP, "--processes", "1", env=SETTINGS)  # the rule is A's choice, not B's
+
+    killed_at = db_now(db)
+    a.kill()  # SIGKILL to A's process group: the namespace's pid 1 and its children
+
+    row = wait_until(
+        lambda: (
+            (r := db.execute("SELECT * FROM tether_tasks WHERE id = %s", (task.id,)).fetchone())["status"]
+            != "RUNNING"
+            and r
+        ),
+        timeout=20,
+        message="the killed worker's task to be settled",
+    )
+    assert row["status"] == "FAILED" and row["error_code"] == "WORKER_CRASHED", row
+    assert row["failed_at"] - killed_at < DECIDED_WITHIN, (row["failed_at"], killed_at)
+    last_beat = last_heartbeat(db, task.id, "runner")
+    assert last_beat is not None
+    # Not before the worker was silent for its threshold; long before the stale one.
+    assert row["failed_at"] - last_beat >= timedelta(milliseconds=CLOSED_MS)
+    assert row["failed_at"] - last_beat < timedelta(milliseconds=STALE_MS)
+    row, (attempt,) = check_history(db, task.id)  # one attempt row, the crash
+    assert (attempt["attempt"], attempt["worker_id"], attempt["error_code"]) == (
+        1,
+        a.worker_id,
+        "WORKER_CRASHED",
+    )
+    assert "listener session" in attempt["error_message"], attempt["error_message"]
+    assert runs(db, tok) == 1
+    dead = worker_row(db, a.worker_id)
+    assert dead["status"] == "inactive" and dead["inactive_at"] <= row["failed_at"]
+    assert worker_row(db, b.worker_id)["status"] == "active"
+    assert "(session_closed)" in b.log()
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("case", ["setting off", "recorded on another server incarnation"])
+def test_no_early_decision_without_the_rule(
+    db: Any, chaos: ModuleType, workers: WorkerFactory, case: str
+) -> None:
+    a = start_namespaced(workers, SETTINGS if case == "setting off" else OPTED_IN, "--processes", "1")
+    assert a.worker_id is not None
+    if case == "setting off":
+        assert session_of(db, a.worker_id) == (None, None)  # nothing recorded: the rule never applies
+    else:
+        # As after a restart or a failover: every session of the old incarnation is gone.
+        db.execute(
+            "UPDATE tether_workers SET server_started_at = server_started_at - interval '1 hour'"
+            " WHERE id = %s",
+            (a.worker_id,),
+        )
+    task, _tok = run_on(db, chaos, a.worker_id)
+    workers.start(APP, "--processes", "1", env=OPTED_IN)
+    a.kill()
+    # Wait until the rule could have acted (A silent past its threshold), then for two more
+    # of the fleet's passes: the task is still RUNNING, left to the 30 s stale threshold.
+    wait_until(
+        lambda: db.execute(
+            "SELECT now() - last_heartbeat_at > %s AS silent FROM tether_workers WHERE id = %s",
+            (timedelta(milliseconds=CLOSED_MS), a.worker_id),
+        ).fetchone()["silent"],
+        timeout=10,
+        message="the killed worker to be silent past the session threshold",
+    )
+    seen = passes(db)
+    wait_until(lambda: passes(db) >= seen + 2, timeout=10, message="two more reaper passes")
+    row = db.execute("SELECT status FROM tether_tasks WHERE id = %s", (task.id,)).fetchone()
+    assert row["status"] == "RUNNING", row  # (A itself is marked inactive after 3 s: bookkeeping)
+
+
+@pytest.mark.timing
+def test_a_live_worker_whose_listener_session_is_terminated_is_not_judged_dead(
+    db: Any, chaos: ModuleType, workers: WorkerFactory
+) -> None:
+    a = start_namespaced(workers, OPTED_IN, "--processes", "1")
+    assert a.worker_id is not None
+    task, tok = run_on(db, chaos, a.worker_id)
+    old = session_of(db, a.worker_id)
+    seen, terminated_at = passes(db), db_now(db)
+    assert db.execute("SELECT pg_terminate_backend(%s) AS done", (old[0],)).fetchone()["done"]
+    # The listener reconnects and records its new session, the one the server has.
+    new = wait_until(
+        lambda: (s := session_of(db, a.worker_id)) != old and s[0] is not None and s,
+        timeout=10,
+        message="the listener's new session to be recorded",
+    )
+    live = db.execute("SELECT backend_start FROM pg_stat_activity WHERE pid = %s", (new[0],)).fetchone()
+    assert live is not None and live["backend_start"] == new[1]
+    # Its heartbeats went on: past twice the session threshold and three passes, nothing changed.
+    wait_until(
+        lambda: passes(db) >= seen + 3 and db_now(db) - terminated_at > timedelta(milliseconds=2 * CLOSED_MS),
+        timeout=20,
+        message="three reaper passes, past twice the session threshold",
+    )
+    row = db.execute(
+        "SELECT status, claimed_by_worker_id FROM tether_tasks WHERE id = %s", (task.id,)
+    ).fetchone()
+    assert (row["status"], row["claimed_by_worker_id"]) == ("RUNNING", a.worker_id), row
+    assert worker_row(db, a.worker_id)["status"] == "active"
+    assert runs(db, tok) == 1
+    assert a.alive()
