@@ -140,6 +140,17 @@ def test_a_killed_worker_is_judged_by_its_closed_session(
     assert dead["status"] == "inactive" and dead["inactive_at"] <= row["failed_at"]
     assert worker_row(db, b.worker_id)["status"] == "active"
     assert "(session_closed)" in b.log()
+    # Counted under its own rule (B adds its tally with its next heartbeat).
+    wait_until(
+        lambda: (
+            db.execute(
+                "SELECT coalesce(sum(n), 0) AS n FROM tether_recovery_minutes WHERE rule = 'session_closed'"
+            ).fetchone()["n"]
+            == 1
+        ),
+        timeout=10,
+        message="the session_closed rule's count",
+    )
 
 
 @pytest.mark.timing
