@@ -136,7 +136,7 @@ class RecoveryConfig(BaseSettings):
     # the connection) and its last heartbeat is older than this, any reaper recovers its tasks
     # without waiting for the stale thresholds. The worker also isolates itself after this
     # much silence, not the running threshold. docs/heartbeats-and-recovery.md says the risk.
-    session_closed_threshold_ms: OptInt = Field(default=None, ge=1_500, le=7_200_000)
+    session_closed_threshold_ms: OptInt = Field(default=None, ge=1_250, le=7_200_000)
     # None disables that category of pruning.
     heartbeat_retention_hours: OptInt = Field(default=24, ge=1)
     worker_state_retention_hours: OptInt = Field(default=168, ge=1)
@@ -159,13 +159,13 @@ class RecoveryConfig(BaseSettings):
                 )
         closed = self.session_closed_threshold_ms
         if closed is not None:
-            # The heartbeat writer beats at the smaller interval; a live worker's beats must be
-            # seen within the threshold even when one comes late by half an interval.
+            # The heartbeat writer beats at the smaller interval; a live worker's next beat must
+            # be seen within the threshold even when it comes a quarter of an interval late.
             every = min(self.claimer_heartbeat_interval_ms, self.runner_heartbeat_interval_ms)
-            if closed * 2 < 3 * every:
+            if closed * 4 < 5 * every:
                 raise ValueError(
-                    f"session_closed_threshold_ms ({closed}) must be at least 1.5 x the heartbeat "
-                    f"interval ({every}) = {3 * every // 2}, so one late heartbeat does not mark a "
+                    f"session_closed_threshold_ms ({closed}) must be at least 1.25 x the heartbeat "
+                    f"interval ({every}) = {5 * every // 4}, so one late heartbeat does not mark a "
                     "live worker dead"
                 )
             if closed > self.running_stale_threshold_ms:

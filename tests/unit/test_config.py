@@ -114,16 +114,16 @@ def test_stale_threshold_must_cover_two_heartbeats(threshold: str, interval: str
 
 def test_session_closed_threshold_is_off_by_default_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     fast = {"claimer_heartbeat_interval_ms": 1_000, "runner_heartbeat_interval_ms": 1_000}
-    assert RecoveryConfig(**fast, session_closed_threshold_ms=1_500).session_closed_threshold_ms == 1_500
-    # 1.5 x the beat interval (the smaller one): one late beat must not make a live worker dead.
-    assert "greater than or equal to 1500" in _fails(
-        RecoveryConfig, "session_closed_threshold_ms", **fast, session_closed_threshold_ms=1_499
+    assert RecoveryConfig(**fast, session_closed_threshold_ms=1_250).session_closed_threshold_ms == 1_250
+    # 1.25 x the beat interval (the smaller one): one late beat must not make a live worker dead.
+    assert "greater than or equal to 1250" in _fails(
+        RecoveryConfig, "session_closed_threshold_ms", **fast, session_closed_threshold_ms=1_249
     )
     slow = {"claimer_heartbeat_interval_ms": 2_000, "runner_heartbeat_interval_ms": 2_000}
-    message = _fails(RecoveryConfig, "session_closed_threshold_ms", **slow, session_closed_threshold_ms=2_999)
-    assert "at least 1.5 x the heartbeat interval (2000) = 3000" in message
+    message = _fails(RecoveryConfig, "session_closed_threshold_ms", **slow, session_closed_threshold_ms=2_499)
+    assert "at least 1.25 x the heartbeat interval (2000) = 2500" in message
     mixed = {"claimer_heartbeat_interval_ms": 2_000, "runner_heartbeat_interval_ms": 1_000}
-    assert RecoveryConfig(**mixed, session_closed_threshold_ms=1_500).session_closed_threshold_ms == 1_500
+    assert RecoveryConfig(**mixed, session_closed_threshold_ms=1_250).session_closed_threshold_ms == 1_250
     # Past the running threshold it would never decide first.
     message = _fails(
         RecoveryConfig,
