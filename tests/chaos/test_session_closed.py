@@ -10,19 +10,33 @@ thresholds are 30 s here: a decision within a few seconds can only be the new ru
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
-from tests.chaos.conftest import APP, check_history, db_now, last_heartbeat, runs, token, worker_row
+from tests.chaos.conftest import (
+    APP,
+    check_history,
+    db_now,
+    last_heartbeat,
+    migrated_for_chaos,
+    runs,
+    token,
+    worker_row,
+)
 from tests.conftest import WorkerFactory, wait_until
 from tests.harness import WorkerProcess
+from tether import AppConfig, PostgresConfig
+from tether.db.embedded import EmbeddedServer
 
 HEARTBEAT_MS, CLOSED_MS, STALE_MS = 1000, 1500, 30_000
 SETTINGS: dict[str, str] = {
@@ -219,3 +233,96 @@ def test_a_live_worker_whose_listener_session_is_terminated_is_not_judged_dead(
     assert worker_row(db, a.worker_id)["status"] == "active"
     assert runs(db, tok) == 1
     assert a.alive()
+
+
+@pytest.mark.timing
+def test_a_worker_frozen_across_a_server_restart_is_not_judged_by_its_old_session(
+    private_server: EmbeddedServer, chaos: ModuleType, tmp_path: Path, stopped_groups: list[int]
+) -> None:
+    """A restart ends every session, the frozen worker's too, and it cannot beat: only the
+    incarnation its row names (the old one) keeps the rule from taking it for dead."""
+    from tests.apps.chaos import build
+
+    url = private_server.create_database("chaos")
+    migrated_for_chaos(url)
+    app = build(AppConfig(queues=["default"], broker=PostgresConfig(database_url=url)))
+    (tmp_path / "private").mkdir()
+    factory = WorkerFactory(url, tmp_path / "private")
+    env = {**OPTED_IN, "TETHER_DATABASE_URL": url}
+    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+    try:
+        a = factory.start(APP, "--processes", "1", env=env)
+        assert a.worker_id is not None
+        tok = token()
+        task = app.tasks["hold"].send(tok, 12)
+        wait_until(
+            lambda: (
+                conn.execute("SELECT status FROM tether_tasks WHERE id = %s", (task.id,)).fetchone()["status"]
+                == "RUNNING"
+            ),
+            timeout=30,
+            message="the task to run on A",
+        )
+        b = factory.start(APP, "--processes", "1", env=env)
+        assert b.worker_id is not None
+        old = conn.execute("SELECT pg_postmaster_start_time() AS t").fetchone()["t"]
+        assert worker_row(conn, a.worker_id)["server_started_at"] == old
+        os.killpg(a.pid, signal.SIGSTOP)  # A and its child: no beat, no reconnect
+        stopped_groups.append(a.pid)
+        conn.close()
+
+        private_server.restart()
+
+        conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        new = conn.execute("SELECT pg_postmaster_start_time() AS t").fetchone()["t"]
+        assert new > old
+        wait_until(
+            lambda: worker_row(conn, b.worker_id)["server_started_at"] == new,
+            timeout=30,
+            message="B to record its session on the restarted server",
+        )
+        # A's session is gone and its heartbeat past the threshold: the rule would act, but
+        # for the incarnation. Three of B's passes later, A's task is still RUNNING, A's.
+        seen = passes(conn)
+        wait_until(
+            lambda: (
+                passes(conn) >= seen + 3
+                and conn.execute(
+                    "SELECT now() - last_heartbeat_at > %s AS silent FROM tether_workers WHERE id = %s",
+                    (timedelta(milliseconds=2 * CLOSED_MS), a.worker_id),
+                ).fetchone()["silent"]
+            ),
+            timeout=30,
+            message="three passes of B's reaper with A silent past twice the threshold",
+        )
+        row = conn.execute(
+            "SELECT status, claimed_by_worker_id FROM tether_tasks WHERE id = %s", (task.id,)
+        ).fetchone()
+        assert (row["status"], row["claimed_by_worker_id"]) == ("RUNNING", a.worker_id), row
+
+        os.killpg(a.pid, signal.SIGCONT)
+        wait_until(
+            lambda: worker_row(conn, a.worker_id)["server_started_at"] == new,
+            timeout=30,
+            message="A to record its session on the restarted server",
+        )
+        row = wait_until(
+            lambda: (
+                (r := conn.execute("SELECT * FROM tether_tasks WHERE id = %s", (task.id,)).fetchone())[
+                    "status"
+                ]
+                in ("COMPLETED", "FAILED")
+                and r
+            ),
+            timeout=60,
+            message="the task to end",
+        )
+        assert (row["status"], row["claimed_by_worker_id"]) == ("COMPLETED", a.worker_id), row
+        row, (attempt,) = check_history(conn, task.id)  # one attempt: never judged dead
+        assert attempt["attempt"] == 1 and attempt["outcome"] == "COMPLETED"
+        assert runs(conn, tok) == 1
+        assert "(session_closed)" not in b.log()
+    finally:
+        conn.close()
+        app.close()
+        factory.cleanup()
