@@ -14,13 +14,15 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests.chaos.conftest import (
@@ -29,7 +31,9 @@ from tests.chaos.conftest import (
     db_now,
     last_heartbeat,
     migrated_for_chaos,
+    run_pids,
     runs,
+    terminate,
     token,
     worker_row,
 )
@@ -86,6 +90,10 @@ def start_namespaced(workers: WorkerFactory, env: dict[str, str], *args: str) ->
 def session_of(db: Any, worker_id: str) -> tuple[int | None, Any]:
     row = worker_row(db, worker_id)
     return row["listener_pid"], row["listener_backend_start"]
+
+
+def task_status(db: Any, task_id: Any) -> str:
+    return str(db.execute("SELECT status FROM tether_tasks WHERE id = %s", (task_id,)).fetchone()["status"])
 
 
 def passes(db: Any) -> int:
@@ -326,3 +334,63 @@ def test_a_worker_frozen_across_a_server_restart_is_not_judged_by_its_old_sessio
         conn.close()
         app.close()
         factory.cleanup()
+
+
+@pytest.mark.timing
+def test_a_live_worker_cut_off_with_its_session_closed_freezes_its_task_before_the_rule_acts(
+    db: Any, chaos: ModuleType, workers: WorkerFactory, worker_role: tuple[str, str]
+) -> None:
+    """The one case that turns the rule against a live worker: the server ends its listener
+    session while the worker cannot reach the server to beat (here its role loses LOGIN and
+    its sessions are terminated). The rule then acts 1.5 s after its last beat, not 30 s; the
+    worker must have frozen its child by then, so the code does not run on past the decision."""
+    role, role_url = worker_role
+    a = workers.start(APP, "--processes", "1", env={**OPTED_IN, "TETHER_DATABASE_URL": role_url})
+    assert a.worker_id is not None
+    tok = token()
+    task = chaos.app.tasks["hold_then_mark"].send(tok, 30)
+    wait_until(
+        lambda: task_status(db, task.id) == "RUNNING" and runs(db, tok) == 1,
+        timeout=30,
+        message="the task to run on A",
+    )
+    (child,) = run_pids(db, tok)
+    workers.start(APP, "--processes", "1", env=OPTED_IN)
+
+    db.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    assert terminate(db, role) >= 2  # its listener's session among them
+
+    frozen_at: list[datetime] = []
+
+    def frozen_or_settled() -> bool:
+        if psutil.Process(child).status() == psutil.STATUS_STOPPED:
+            frozen_at.append(db_now(db))
+            return True
+        return task_status(db, task.id) != "RUNNING"
+
+    wait_until(
+        frozen_or_settled, timeout=20, interval=0.005, message="A to freeze its child, or the task to end"
+    )
+    assert frozen_at, f"the task was settled while A's child still ran\n{a.log()}"
+    row = wait_until(
+        lambda: (
+            (r := db.execute("SELECT * FROM tether_tasks WHERE id = %s", (task.id,)).fetchone())["status"]
+            != "RUNNING"
+            and r
+        ),
+        timeout=20,
+        message="the rule to settle A's task",
+    )
+    assert (row["status"], row["error_code"]) == ("FAILED", "WORKER_CRASHED"), row
+    assert frozen_at[0] <= row["failed_at"], (frozen_at[0], row["failed_at"])
+    row, (attempt,) = check_history(db, task.id)
+    assert "listener session" in attempt["error_message"]
+    assert "isolating itself" in a.log()
+    assert runs(db, tok + ":done") == 0  # its code never ran on past the freeze
+
+    # Back: A kills the child whose task was settled elsewhere, and writes nothing over it.
+    db.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+    wait_until(lambda: "claiming resumes" in a.log(), timeout=20, message="A to rejoin")
+    wait_until(lambda: not psutil.pid_exists(child), timeout=20, message="A to kill its child")
+    assert check_history(db, task.id)[0]["status"] == "FAILED"
+    assert runs(db, tok + ":done") == 0
