@@ -661,12 +661,12 @@ def run_worker(app: Tether, app_path: str, config: WorkerConfig | None = None) -
     asyncio.run(worker.run())
 
 
-__all__ = ["Worker", "run_worker"]
-
-
 def _isolate_within_s(recovery: RecoveryConfig) -> float:
     """How soon after its last heartbeat a reaper may judge this worker dead: the running stale
     threshold, or sooner with the session_closed rule (a middlebox may close its session while
     it still runs its tasks, cut off: it isolates itself before that rule could act)."""
     closed = recovery.session_closed_threshold_ms  # validated: at most the running threshold
     return (recovery.running_stale_threshold_ms if closed is None else closed) / 1000
+
+
+__all__ = ["Worker", "run_worker"]

@@ -286,11 +286,17 @@ class Reaper(Service):
         if cfg.auto_fail_stale_running:
             done.retried, done.failed = recovery.recover_stale_running(conn, cfg.running_stale_threshold_ms)
         if cfg.auto_requeue_stale_claimed or cfg.auto_fail_stale_running:
-            # Workers that opted in, whose listener session closed: their process is gone.
-            closed = recovery.recover_closed_sessions(
-                conn, requeue=cfg.auto_requeue_stale_claimed, fail=cfg.auto_fail_stale_running
-            )
-            done.session_closed, done.deactivated = closed.session_closed, closed.deactivated
+            # Workers that opted in, whose listener session closed: their process is gone. In a
+            # savepoint of its own: an error here must not cost the pass the rules above.
+            try:
+                closed = recovery.recover_closed_sessions(
+                    conn, requeue=cfg.auto_requeue_stale_claimed, fail=cfg.auto_fail_stale_running
+                )
+                done.session_closed, done.deactivated = closed.session_closed, closed.deactivated
+            except OperationalError:
+                raise
+            except DatabaseError as exc:
+                log.error("could not check workers for closed listener sessions: %s", exc)
         try:
             with conn.transaction():
                 done.deactivated += recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
