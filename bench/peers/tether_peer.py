@@ -21,6 +21,11 @@ FAST_ENV = {
     "TETHER_RUNNING_STALE_THRESHOLD_MS": str(int(STALE_S * 1000)),
     "TETHER_CHECK_INTERVAL_MS": str(int(HEARTBEAT_S * 1000)),
 }
+# The recovery scenario's workers also opt in to the session_closed rule (1.25 s after the last
+# heartbeat once the killed worker's listener session is gone; bench/recovery.py's
+# SESSION_CLOSED_ENV), tether's fastest setting for a whole worker killed on another host.
+RECOVERY_ENV = {**FAST_ENV, "TETHER_SESSION_CLOSED_THRESHOLD_MS": str(int(1.25 * HEARTBEAT_S * 1000))}
+TWO = ("--processes", "2")
 SYNC_APP, ASYNC_APP = "bench.apps:app", "bench.async_apps:app"
 
 
@@ -109,10 +114,15 @@ class TetherPeer(Peer):
         return [float(r[0]) for r in rows], "started_at - sent_at (the start write, before the body)"
 
     def recovery_workers(self) -> tuple[WorkerSpec, WorkerSpec] | None:
-        # As bench/recovery.py's recovery_worker_kill: two workers --processes 2, fast settings.
+        # As bench/recovery.py's recovery_worker_kill_session_closed: two workers --processes 2,
+        # fast settings and the session_closed rule.
         return (
-            self._worker("A, 2 sync processes, 1 s/2 s/1 s", SYNC_APP, "--processes", "2", env=FAST_ENV),
-            self._worker("B, 2 sync processes, 1 s/2 s/1 s", SYNC_APP, "--processes", "2", env=FAST_ENV),
+            self._worker(
+                "A, 2 sync processes, 1 s/2 s/1 s, session_closed 1.25 s", SYNC_APP, *TWO, env=RECOVERY_ENV
+            ),
+            self._worker(
+                "B, 2 sync processes, 1 s/2 s/1 s, session_closed 1.25 s", SYNC_APP, *TWO, env=RECOVERY_ENV
+            ),
         )
 
     def ready_since(self, since: float) -> bool:

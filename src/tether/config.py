@@ -130,6 +130,12 @@ class RecoveryConfig(EnvSettings):
     check_interval_ms: Int = Field(default=30_000, ge=1_000, le=600_000)
     runner_heartbeat_interval_ms: Int = Field(default=30_000, ge=1_000, le=120_000)
     claimer_heartbeat_interval_ms: Int = Field(default=30_000, ge=1_000, le=120_000)
+    # Opt-in (None: off). A worker with it records its listener session in its registry row;
+    # once that session is gone from the server (the worker's process died: its kernel closed
+    # the connection) and its last heartbeat is older than this, any reaper recovers its tasks
+    # without waiting for the stale thresholds. The worker also isolates itself after this
+    # much silence, not the running threshold. docs/heartbeats-and-recovery.md says the risk.
+    session_closed_threshold_ms: OptInt = Field(default=None, ge=1_250, le=7_200_000)
     # None disables that category of pruning.
     heartbeat_retention_hours: OptInt = Field(default=24, ge=1)
     worker_state_retention_hours: OptInt = Field(default=168, ge=1)
@@ -149,6 +155,22 @@ class RecoveryConfig(EnvSettings):
                 raise ValueError(
                     f"{threshold} ({t}) must be at least 2 x {interval} ({i}) = "
                     f"{2 * i}, so one late heartbeat does not mark a live task stale"
+                )
+        closed = self.session_closed_threshold_ms
+        if closed is not None:
+            # The heartbeat writer beats at the smaller interval; a live worker's next beat must
+            # be seen within the threshold even when it comes a quarter of an interval late.
+            every = min(self.claimer_heartbeat_interval_ms, self.runner_heartbeat_interval_ms)
+            if closed * 4 < 5 * every:
+                raise ValueError(
+                    f"session_closed_threshold_ms ({closed}) must be at least 1.25 x the heartbeat "
+                    f"interval ({every}) = {5 * every // 4}, so one late heartbeat does not mark a "
+                    "live worker dead"
+                )
+            if closed > self.running_stale_threshold_ms:
+                raise ValueError(
+                    f"session_closed_threshold_ms ({closed}) must not exceed running_stale_threshold_ms "
+                    f"({self.running_stale_threshold_ms}): the stale rule would always decide first"
                 )
         return self
 

@@ -98,6 +98,7 @@ def test_the_survivor_counts_each_stale_rule_as_its_reaper_applied_it(
         "stale_claimed_requeued": 2,
         "expired": 0,
         "workflow_step_reconciled": 0,
+        "session_closed": 0,  # A did not opt in: only the stale rules judge it
         "dead_child": 0,
         "hung_child": 0,
         "time_limit": 0,

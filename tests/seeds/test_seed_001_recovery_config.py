@@ -36,6 +36,11 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "terminal_record_retention_hours": (int, 720),
 }
 
+#: tether's own fields beyond the seed's, each off by default (so no seed behaviour changes).
+BEYOND_THE_SEED: dict[str, Any] = {
+    "session_closed_threshold_ms": None,  # docs/heartbeats-and-recovery.md, session_closed
+}
+
 #: The seed's "Threshold Guidelines": each field's range, in the config's units (ms).
 RANGES: dict[str, tuple[int, int]] = {
     "claimed_stale_threshold_ms": (1_000, 3_600_000),  # 1 second to 1 hour
@@ -48,7 +53,9 @@ RANGES: dict[str, tuple[int, int]] = {
 
 def test_the_fields_and_their_defaults() -> None:
     config = RecoveryConfig()
-    assert set(RecoveryConfig.model_fields) == set(FIELDS)
+    assert set(RecoveryConfig.model_fields) == set(FIELDS) | set(BEYOND_THE_SEED)
+    for name, default in BEYOND_THE_SEED.items():
+        assert getattr(config, name) == default, name
     for name, (kind, default) in FIELDS.items():
         value = getattr(config, name)
         assert type(value) is kind and value == default, name

@@ -56,6 +56,7 @@ def test_recovery_defaults_match_the_seed() -> None:
         "heartbeat_retention_hours": 24,
         "worker_state_retention_hours": 168,
         "terminal_record_retention_hours": 720,
+        "session_closed_threshold_ms": None,  # not the seed's: off by default
     }
 
 
@@ -109,6 +110,33 @@ def test_stale_threshold_must_cover_two_heartbeats(threshold: str, interval: str
     assert getattr(RecoveryConfig(**edge), threshold) == 2 * beat
     message = _fails(RecoveryConfig, threshold, **{**edge, threshold: 2 * beat - 1})
     assert interval in message and str(2 * beat) in message
+
+
+def test_session_closed_threshold_is_off_by_default_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = {"claimer_heartbeat_interval_ms": 1_000, "runner_heartbeat_interval_ms": 1_000}
+    assert RecoveryConfig(**fast, session_closed_threshold_ms=1_250).session_closed_threshold_ms == 1_250
+    # 1.25 x the beat interval (the smaller one): one late beat must not make a live worker dead.
+    assert "greater than or equal to 1250" in _fails(
+        RecoveryConfig, "session_closed_threshold_ms", **fast, session_closed_threshold_ms=1_249
+    )
+    slow = {"claimer_heartbeat_interval_ms": 2_000, "runner_heartbeat_interval_ms": 2_000}
+    message = _fails(RecoveryConfig, "session_closed_threshold_ms", **slow, session_closed_threshold_ms=2_499)
+    assert "at least 1.25 x the heartbeat interval (2000) = 2500" in message
+    mixed = {"claimer_heartbeat_interval_ms": 2_000, "runner_heartbeat_interval_ms": 1_000}
+    assert RecoveryConfig(**mixed, session_closed_threshold_ms=1_250).session_closed_threshold_ms == 1_250
+    # Past the running threshold it would never decide first.
+    message = _fails(
+        RecoveryConfig,
+        "session_closed_threshold_ms",
+        **fast,
+        running_stale_threshold_ms=2_000,
+        session_closed_threshold_ms=2_001,
+    )
+    assert "must not exceed running_stale_threshold_ms (2000)" in message
+    monkeypatch.setenv("TETHER_SESSION_CLOSED_THRESHOLD_MS", "60000")
+    assert RecoveryConfig().session_closed_threshold_ms == 60_000
+    monkeypatch.setenv("TETHER_SESSION_CLOSED_THRESHOLD_MS", "none")
+    assert RecoveryConfig().session_closed_threshold_ms is None
 
 
 def test_two_x_message_reads_well() -> None:

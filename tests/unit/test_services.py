@@ -223,6 +223,20 @@ async def test_the_isolation_watch_isolates_a_worker_whose_heartbeats_stopped_ge
     assert isolation.isolated
     isolation.rejoin(set())
     assert not isolation.isolated and rejoined == [True]
+    # A threshold just above one interval (session_closed_threshold_ms): the margin shrinks to
+    # half of what it leaves past the interval, so a beat on time never isolates the worker.
+    assert (
+        IsolationWatch(
+            Isolation("w", Holdings(), supervisor, 1.25, lambda: None), lambda: 0.0, 1.0
+        ).isolate_after
+        == 1.125
+    )
+    assert (
+        IsolationWatch(
+            Isolation("w", Holdings(), supervisor, 1.5, lambda: None), lambda: 0.0, 1.0
+        ).isolate_after
+        == 1.25
+    )
 
 
 async def test_a_service_s_first_round_waits_for_its_event() -> None:

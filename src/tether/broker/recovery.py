@@ -110,6 +110,9 @@ class Recovered:
     deactivated: list[DeactivatedWorker] = field(default_factory=list)
     workflow_steps: int = 0  # workflow steps settled by reconciliation
     workflows_finished: list[str] = field(default_factory=list)
+    # Tasks of workers whose listener session closed (recover_closed_sessions), each settled
+    # as the stale rules would (requeued, retried or failed), kept apart: another rule.
+    session_closed: list[RequeuedTask | CrashedTask] = field(default_factory=list)
 
     @property
     def acted(self) -> bool:
@@ -121,6 +124,7 @@ class Recovered:
             or self.deactivated
             or self.workflow_steps
             or self.workflows_finished
+            or self.session_closed
         )
 
     def merge(self, other: Recovered) -> None:
@@ -131,6 +135,7 @@ class Recovered:
         self.deactivated += other.deactivated
         self.workflow_steps += other.workflow_steps
         self.workflows_finished += other.workflows_finished
+        self.session_closed += other.session_closed
 
 
 def _ms(value: int | float) -> timedelta:
@@ -263,6 +268,41 @@ def recover_worker(conn: Conn, worker_id: str, why: str) -> Recovered:
     ]
     done.requeued = requeue_stale_claimed(conn, 0, owner=worker_id)
     done.retried, done.failed = recover_stale_running(conn, 0, owner=worker_id, why=why)
+    return done
+
+
+def recover_closed_sessions(
+    conn: Conn, *, requeue: bool, fail: bool, limit: int = BATCH, quiet: bool = False
+) -> Recovered:
+    """The session_closed rule: workers that opted in and whose listener session is gone from
+    the server (their process died, so its kernel closed the connection), silent for their own
+    ``session_closed_after``: marked inactive, their tasks settled at once by the same rules
+    as stale ones (``requeue``: CLAIMED back to PENDING; ``fail``: RUNNING retried or FAILED
+    with WORKER_CRASHED). In the caller's transaction (the reaper's pass)."""
+    done = Recovered()
+    with conn.transaction():
+        done.deactivated = [
+            DeactivatedWorker(**row) for row in conn.execute(q("closed_session_workers"), {"limit": limit})
+        ]
+        for worker in done.deactivated:
+            why = (
+                f"the listener session of worker {worker.id} closed and it has not beaten "
+                f"for {worker.age_s:.1f}s: its process is gone"
+            )
+            if not quiet:
+                log.warning(
+                    "worker %s (host %s, pid %s): its listener session closed and its heartbeat is "
+                    "%.1fs old: its process is gone, recovering its tasks now (session_closed)",
+                    worker.id,
+                    worker.hostname,
+                    worker.pid,
+                    worker.age_s,
+                )
+            if requeue:
+                done.session_closed += requeue_stale_claimed(conn, 0, owner=worker.id, quiet=quiet)
+            if fail:
+                retried, failed = recover_stale_running(conn, 0, owner=worker.id, why=why, quiet=quiet)
+                done.session_closed += retried + failed
     return done
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tether.broker.queries import q
 from tether.broker.types import AsyncConn, Conn
@@ -71,6 +71,13 @@ async def register_worker(conn: AsyncConn, me: Registration) -> None:
             "task_names": me.task_names,
             "host_key": me.host_key,
         },
+    )
+
+
+async def record_listener_session(conn: AsyncConn, worker_id: str, closed_after_ms: int) -> None:
+    """On the listener's connection: this session as the worker's, for the session_closed rule."""
+    await conn.execute(
+        q("record_listener_session"), {"id": worker_id, "after": timedelta(milliseconds=closed_after_ms)}
     )
 
 

@@ -17,6 +17,8 @@ STALE_CLAIMED_REQUEUED: Final = "stale_claimed_requeued"  # CLAIMED, claimer sil
 STALE_RUNNING_RETRIED: Final = "stale_running_retried"  # RUNNING, runner silent -> PENDING (retry)
 STALE_RUNNING_FAILED: Final = "stale_running_failed"  # RUNNING, runner silent -> FAILED (or CANCELLED)
 WORKFLOW_STEP_RECONCILED: Final = "workflow_step_reconciled"  # step settled from its terminal task
+# CLAIMED or RUNNING, settled as above, of a worker (opted in) whose listener session closed
+SESSION_CLOSED: Final = "session_closed"
 # The worker itself (worker/dispatch.py, supervisor.py, time_limits.py, cancels.py)
 DEAD_CHILD: Final = "dead_child"  # the child running it exited by itself
 HUNG_CHILD: Final = "hung_child"  # killed: its heartbeat thread (or event loop) went silent
@@ -33,6 +35,7 @@ RULES: Final = (
     STALE_RUNNING_RETRIED,
     STALE_RUNNING_FAILED,
     WORKFLOW_STEP_RECONCILED,
+    SESSION_CLOSED,
     DEAD_CHILD,
     HUNG_CHILD,
     TIME_LIMIT,
@@ -50,5 +53,6 @@ def of_pass(done: Recovered) -> list[tuple[str, int]]:
         (STALE_RUNNING_RETRIED, len(done.retried)),
         (STALE_RUNNING_FAILED, len(done.failed)),
         (WORKFLOW_STEP_RECONCILED, done.workflow_steps),
+        (SESSION_CLOSED, len(done.session_closed)),
     )
     return [(rule, n) for rule, n in found if n]

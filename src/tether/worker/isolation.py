@@ -113,7 +113,12 @@ class IsolationWatch(Service):
         super().__init__(Backoff(self.look_every, self.look_every))  # it makes no database call
         self.isolation = isolation
         self.last_ok = last_ok
-        self.isolate_after = isolation.running_stale_s - max(0.1, every / 4)
+        # A margin before a reaper may act: a quarter interval (at least 0.1 s), but at most
+        # half of what the threshold leaves past one interval, so that a threshold just above
+        # one interval (session_closed_threshold_ms) does not isolate at every beat. The
+        # running threshold, at least two intervals, always gets the quarter interval.
+        margin = min(max(0.1, every / 4), (isolation.running_stale_s - every) / 2)
+        self.isolate_after = isolation.running_stale_s - margin
 
     async def tick(self) -> float:
         silent = time.monotonic() - self.last_ok()

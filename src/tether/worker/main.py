@@ -34,7 +34,7 @@ from tether.broker.claims import TaskPayload
 from tether.broker.heartbeats import Beat, BeatAnswer
 from tether.broker.types import DatabaseError
 from tether.broker.worker_pool import WorkerPool
-from tether.config import WorkerConfig
+from tether.config import RecoveryConfig, WorkerConfig
 from tether.db.connection import listen_url
 from tether.errors import UnknownQueueError
 from tether.log_fields import about_task, set_worker
@@ -329,7 +329,7 @@ class StartedWorker:
             me,
             holdings,
             self.supervisor,
-            config.recovery.running_stale_threshold_ms / 1000,
+            _isolate_within_s(config.recovery),
             on_rejoin=triggers.work_may_wait,
         )
         # None: behind a transaction pooler with no listen_url, nothing listens (docs/pgbouncer.md).
@@ -659,6 +659,14 @@ def run_worker(app: Tether, app_path: str, config: WorkerConfig | None = None) -
     # forked from this process, with tether and the app imported (tether.worker.start_method).
     worker.child_context = child_context(worker.config.start_method, app_path)
     asyncio.run(worker.run())
+
+
+def _isolate_within_s(recovery: RecoveryConfig) -> float:
+    """How soon after its last heartbeat a reaper may judge this worker dead: the running stale
+    threshold, or sooner with the session_closed rule (a middlebox may close its session while
+    it still runs its tasks, cut off: it isolates itself before that rule could act)."""
+    closed = recovery.session_closed_threshold_ms  # validated: at most the running threshold
+    return (recovery.running_stale_threshold_ms if closed is None else closed) / 1000
 
 
 __all__ = ["Worker", "run_worker"]

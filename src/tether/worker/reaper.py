@@ -285,9 +285,21 @@ class Reaper(Service):
             done.requeued = recovery.requeue_stale_claimed(conn, cfg.claimed_stale_threshold_ms)
         if cfg.auto_fail_stale_running:
             done.retried, done.failed = recovery.recover_stale_running(conn, cfg.running_stale_threshold_ms)
+        if cfg.auto_requeue_stale_claimed or cfg.auto_fail_stale_running:
+            # Workers that opted in, whose listener session closed: their process is gone. In a
+            # savepoint of its own: an error here must not cost the pass the rules above.
+            try:
+                closed = recovery.recover_closed_sessions(
+                    conn, requeue=cfg.auto_requeue_stale_claimed, fail=cfg.auto_fail_stale_running
+                )
+                done.session_closed, done.deactivated = closed.session_closed, closed.deactivated
+            except OperationalError:
+                raise
+            except DatabaseError as exc:
+                log.error("could not check workers for closed listener sessions: %s", exc)
         try:
             with conn.transaction():
-                done.deactivated = recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
+                done.deactivated += recovery.deactivate_stale_workers(conn, self.worker_stale_ms)
         except OperationalError:
             raise  # the connection is gone: the whole tick failed, and is tried again
         except DatabaseError as exc:
@@ -326,5 +338,6 @@ def _full(done: recovery.Recovered) -> bool:
         done.expired >= batch
         or len(done.requeued) >= batch
         or len(done.retried) + len(done.failed) >= batch
+        or len(done.session_closed) >= batch
         or done.workflow_steps >= workflow_recovery.BATCH
     )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from psycopg import Notify
 
-from tether.broker import notifications
+from tether.broker import notifications, workers
 from tether.broker.types import AsyncConn
 from tether.config import AppConfig
 from tether.db import read_only
@@ -168,7 +168,11 @@ class WorkListener(Service):
         listen_for_s: float = LISTEN_FOR_S,
         worker_id: str | None = None,
     ) -> None:
+        """``worker_id``: whose listener this is; with ``session_closed_threshold_ms`` set in
+        ``config.recovery``, each session it listens on is recorded in that worker's row."""
         super().__init__(Backoff(0.1, 5.0))
+        self.worker_id = worker_id
+        self.session_closed_ms = config.recovery.session_closed_threshold_ms
         self.connection = AsyncDedicatedConnection(url, config, listener_role(worker_id), LISTENER_TCP)
         self.queues = queues
         self.on_work = on_work
@@ -194,6 +198,10 @@ class WorkListener(Service):
             conn = await self.connection.get()
             asked = self.clock.asking()
             self.clock.read(await notifications.listen_worker_async(conn), asked, renew=True)
+            if self.worker_id is not None and self.session_closed_ms is not None:
+                # The reapers judge this worker by this session from now on (the session_closed
+                # rule): a reconnect must replace the one that closed before they look.
+                await workers.record_listener_session(conn, self.worker_id, self.session_closed_ms)
             self._listening = conn
             self.on_listening()
             return 0.0

@@ -89,6 +89,42 @@ FROM stale
 WHERE w.id = stale.id AND w.status = 'active'
 RETURNING w.id, w.hostname, w.pid, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age_s;
 
+-- name: closed_session_workers
+-- The session_closed rule: active workers that recorded their listener session (they opted
+-- in) whose session is gone from this server, on the incarnation they recorded it on (a
+-- restart or a failover ends every session: never read as deaths), and whose last heartbeat
+-- is older than their own session_closed_after (a live worker whose listener merely
+-- reconnected beats meanwhile, and records its new session). Marked inactive here, guarded
+-- and locked as deactivate_stale_workers; the caller then recovers their tasks (owner=).
+-- A session counts as present when a process with its pid is there and its backend_start
+-- is the recorded one, or cannot be read: without pg_read_all_stats a role sees no
+-- backend_start of another role's sessions, and unknown must mean alive.
+-- pg_stat_get_activity(pid) reads the one process; like pg_stat_activity it is a snapshot
+-- taken at its first use in the transaction.
+WITH gone AS (
+    SELECT w.id FROM tether_workers w
+    WHERE w.status = 'active'
+      AND w.listener_pid IS NOT NULL
+      AND w.session_closed_after IS NOT NULL
+      AND w.server_started_at = pg_postmaster_start_time()
+      AND w.last_heartbeat_at < now() - w.session_closed_after
+      AND NOT EXISTS (
+          SELECT 1 FROM pg_stat_get_activity(w.listener_pid) a
+          WHERE a.pid = w.listener_pid
+            AND (a.backend_start IS NULL OR a.backend_start = w.listener_backend_start)
+      )
+    ORDER BY w.last_heartbeat_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), no_longer_waiting AS (
+    DELETE FROM tether_queue_waiters WHERE worker_id IN (SELECT id FROM gone)
+)
+UPDATE tether_workers w
+SET status = 'inactive', inactive_at = now(), updated_at = now()
+FROM gone
+WHERE w.id = gone.id AND w.status = 'active'
+RETURNING w.id, w.hostname, w.pid, extract(epoch FROM now() - w.last_heartbeat_at)::float8 AS age_s;
+
 -- name: deactivate_worker
 -- A worker found gone (its process no longer exists): no waiting for staleness.
 WITH no_longer_waiting AS (
@@ -129,6 +165,20 @@ SELECT extract(epoch FROM min(due) - now())::float8 AS seconds FROM (
     WHERE t.status = 'RUNNING'
     UNION ALL
     SELECT min(good_until) FROM tether_tasks WHERE status = 'PENDING' AND good_until IS NOT NULL
+    UNION ALL
+    -- A worker whose listener session is gone (closed_session_workers): the moment its last
+    -- heartbeat is old enough, so that the pass comes then, not at the next check.
+    SELECT min(w.last_heartbeat_at + w.session_closed_after)
+    FROM tether_workers w
+    WHERE w.status = 'active'
+      AND w.listener_pid IS NOT NULL
+      AND w.session_closed_after IS NOT NULL
+      AND w.server_started_at = pg_postmaster_start_time()
+      AND NOT EXISTS (
+          SELECT 1 FROM pg_stat_get_activity(w.listener_pid) a
+          WHERE a.pid = w.listener_pid
+            AND (a.backend_start IS NULL OR a.backend_start = w.listener_backend_start)
+      )
 ) d;
 
 -- name: stale_tasks_report

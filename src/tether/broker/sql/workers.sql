@@ -44,3 +44,16 @@ FROM tether_workers w
 WHERE %(all)s OR w.status = 'active'
 ORDER BY w.status, w.started_at DESC
 LIMIT %(limit)s;
+
+-- name: record_listener_session
+-- On the listener's own connection, each time it (re)connects, for a worker that opted in
+-- to the session_closed rule (broker/sql/recovery.sql, closed_session_workers): this
+-- session's server process and its start (a pid alone may be reused), the server's
+-- incarnation, and how long after its last heartbeat the worker may be judged once the
+-- session is gone. A session may always read its own backend_start.
+UPDATE tether_workers
+SET listener_pid = pg_backend_pid(),
+    listener_backend_start = (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a),
+    server_started_at = pg_postmaster_start_time(),
+    session_closed_after = %(after)s::interval
+WHERE id = %(id)s;
