@@ -23,15 +23,16 @@
 -- recovery settles its row.
 
 -- name: limited_claim
--- The claim is the statement in tether_limited_claim (migration 0019, a PL/pgSQL function
--- that keeps its generic plan for the session): planned on every execution, as a prepared
+-- The claim is the statement in tether_limited_claim (migration 0019, replaced by 0020: a
+-- PL/pgSQL function that keeps its generic plan for the session): planned on every execution, as a prepared
 -- statement of its own it cost more server CPU than it took to run for the few tasks a sync
 -- worker claims at a time (docs/limits.md, "What it costs"). What the statement does:
 --
 -- Keys are visited round-robin: a window of at most `window` distinct keys with due work,
 -- from just after `cursor` (the end of the previous window, kept by the worker) wrapping to
 -- the start, found by a skip scan of tether_tasks_key_claim_idx (one probe per key,
--- whatever each key's backlog). Of the window, the keys with room, best head priority
+-- whatever each key's backlog; each key then costs a probe for its head and one for its
+-- tasks in flight). Of the window, the keys with room, best head priority
 -- first, then the least busy for their weight, then in turn from the cursor, as many as
 -- `wanted`, each try-locked (`chosen`). Then the claim from the locked keys (and, when
 -- `unkeyed`, from the queue's tasks without a key): the room per key (per_key minus its
