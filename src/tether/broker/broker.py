@@ -314,10 +314,16 @@ def _pooled(pool: ConnectionPool[psycopg.Connection[Row]]) -> Iterator[psycopg.C
     conn = pool.getconn()
     try:
         yield conn
-        if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-            conn.commit()
+        # A lost connection (its status UNKNOWN) is left alone: putconn discards it, and a
+        # commit would raise where `work` already dealt with the loss (Broker._attempts).
+        if not conn.broken:
+            status = conn.pgconn.transaction_status
+            if status == TransactionStatus.INTRANS:
+                conn.commit()
+            elif status == TransactionStatus.INERROR:
+                conn.rollback()
     except BaseException:
-        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+        if not (conn.closed or conn.broken) and conn.pgconn.transaction_status != TransactionStatus.IDLE:
             try:
                 conn.rollback()
             except Exception as exc:  # a broken connection: putconn discards it

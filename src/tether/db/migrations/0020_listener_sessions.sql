@@ -1,4 +1,4 @@
--- tether schema, version 22: a worker's listener session, so that a reaper can see a dead
+-- tether schema, version 20: a worker's listener session, so that a reaper can see a dead
 -- worker on another host at once (docs/heartbeats-and-recovery.md, "A worker whose session
 -- closed").
 --

@@ -1,4 +1,4 @@
--- tether schema, version 20: the limited claim reads its key window's tasks in flight once
+-- tether schema, version 21: the limited claim reads its key window's tasks in flight once
 -- (docs/limits.md, "What it costs").
 --
 -- Migration 19's statement, but for one CTE: `heads` counted each window key's tasks in flight
