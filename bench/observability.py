@@ -17,11 +17,20 @@ between the first ``started_at`` and the last ``completed_at`` (database time), 
   tasks sent traced by a producer with the SDK (so each run extracts and links its send's
   context), every trace sampled;
 - on: both; sampled: both, with 1 % of traces sampled (ParentBased(TraceIdRatioBased));
-  tracing_sampled: tracing alone, 1 % sampled. ``--kinds async`` (or sync) runs one executor.
+  tracing_sampled: tracing alone, 1 % sampled. ``--kinds async`` (or sync) runs one executor;
+- sdk: the SDK installed in the worker (its batch processor's thread, which also makes the
+  worker start its fork server as a new interpreter), tracing off, sends untraced; thread:
+  no SDK, only an idle thread started at the app's import (the same fork server start).
+  Both decompose what the SDK's presence costs apart from tether's tracing.
+
+The tasks are sent in sends of SEND_CHUNK, all in one transaction: traced, each send is a
+trace, so 1 % sampled samples about 1 % of the runs (one send_many of all of them was one
+trace: no run sampled, or all).
 
 Beside the throughput, the worker's CPU time per task (its processes' user + system time over
 the run, after a warm-up): on a shared machine the throughput moves with others' load, the
-CPU time much less.
+CPU time much less. Each run also prints the main process's share (its threads: the
+metrics endpoint's, included) and the children's.
 
 Then, with ``--history N`` terminal rows (default 1,000,000) filled by SQL, the median time
 of a scrape of the dashboard's /metrics (``DashboardMetrics.exposition``, what a scrape
@@ -38,6 +47,9 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from bench import otel_sdk
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled, tree_cpu, wait_all_terminal
@@ -45,6 +57,9 @@ from tether import AppConfig, PostgresConfig, Tether
 from tether.db.migrate import migrate
 
 PORT = 19150  # --metrics-port: another session's bench may hold this one
+# Tasks per send (each a trace when traced): 10,000 tasks are 1,000 traces, so 1 % sampled
+# samples about 100 runs of a drain, not all or none.
+SEND_CHUNK = 10
 KINDS = {
     "sync": ("bench.apps:app", "noop", ("--processes", "2", "--async-processes", "0")),
     "async": ("bench.async_apps:app", "anoop", ("--processes", "0", "--async-processes", "1")),
@@ -67,11 +82,11 @@ def producer(url: str, kind: str, traced: bool) -> Tether:
     return apps._register(app) if kind == "sync" else async_apps._register(app)
 
 
-def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float]:
+def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float, float]:
     """``mode``: off, metrics, tracing, on (both), sampled (both, 1 % of traces sampled) or
     tracing_sampled (tracing alone, 1 %).
-    Returns (tasks/s by database time, worker CPU microseconds per task): the second is what the
-    machine's other load moves least."""
+    Returns (tasks/s by database time, worker CPU microseconds per task, the main process's
+    share of it): the CPU is what the machine's other load moves least."""
     app_path, task_name, args = KINDS[kind]
     traced = mode in ("tracing", "on", "sampled", "tracing_sampled")
     metered = mode in ("metrics", "on", "sampled")
@@ -83,6 +98,10 @@ def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tupl
         if traced
         else {}
     )
+    if mode == "sdk":  # the SDK and its span processor's thread, tracing off, sends untraced
+        env = {"TETHER_BENCH_OTEL_SDK": "1"}
+    elif mode == "thread":  # no SDK: only an idle thread started at the app's import
+        env = {"TETHER_BENCH_IDLE_THREAD": "1"}
     extra = (*args, "--metrics-port", str(PORT)) if metered else args
     worker = bench_worker(
         db,
@@ -117,10 +136,10 @@ def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tupl
         ((warm_end,),) = db.query("SELECT max(completed_at) FROM tether_tasks")
         if metered:
             threading.Thread(target=scrape, daemon=True).start()
-        cpu0 = tree_cpu(worker.pid)
-        task.send_many([()] * n)
+        cpu0, main0 = tree_cpu(worker.pid), main_cpu(worker.pid)
+        send_in_traces(db, task, n)
         wait_all_terminal(db, worker, timeout=900, interval=0.1)
-        cpu = tree_cpu(worker.pid) - cpu0
+        cpu, main = tree_cpu(worker.pid) - cpu0, main_cpu(worker.pid) - main0
     finally:
         stop.set()
         app.close()
@@ -132,7 +151,25 @@ def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tupl
     )
     if done != n:
         raise RuntimeError(f"{done} of {n} completed after the warm-up")
-    return n / float(span), 1e6 * cpu / n
+    return n / float(span), 1e6 * cpu / n, 1e6 * main / n
+
+
+def send_in_traces(db: BenchDatabase, task: Any, n: int) -> None:
+    """``n`` no-op tasks in sends of SEND_CHUNK, each its own trace (traced modes), all in one
+    transaction so the worker sees them at once. One send_many of all ``n`` would be one
+    trace: at 1 % sampled, either no run of the drain sampled or, once in 100 drains, all."""
+    with db.connect() as conn, conn.transaction():
+        lent = task.with_options(connection=conn)
+        for _ in range(n // SEND_CHUNK):
+            lent.send_many([()] * SEND_CHUNK)
+        if n % SEND_CHUNK:
+            lent.send_many([()] * (n % SEND_CHUNK))
+
+
+def main_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the worker's main process alone, its threads included."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def scrape_time(db: BenchDatabase, history: int) -> tuple[float, float]:
@@ -170,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         "--modes",
         default="off,on",
         help="comma-separated, off first: off, metrics, tracing, on (both), sampled (both, 1 %% of "
-        "traces), tracing_sampled (tracing alone, 1 %% of traces)",
+        "traces), tracing_sampled (tracing alone, 1 %% of traces), sdk (the SDK installed, tracing off), "
+        "thread (an idle thread at the app's import)",
     )
     p.add_argument("--kinds", default="sync,async", help="comma-separated executors: sync, async")
     p.add_argument("--metrics-port", type=int, default=PORT, help="the worker's metrics port (metrics modes)")
@@ -195,12 +233,13 @@ def main(argv: list[str] | None = None) -> None:
                 for r in range(a.rounds):
                     for kind in kinds:
                         for mode in modes if r % 2 == 0 else modes[::-1]:
-                            rate, cpu = one_run(db, kind, mode, a.tasks, Path(tmp))
+                            rate, cpu, main_us = one_run(db, kind, mode, a.tasks, Path(tmp))
                             results.setdefault((kind, mode), []).append(rate)
                             cpus.setdefault((kind, mode), []).append(cpu)
                             print(
                                 f"round {r + 1} {kind:5} {mode:8}: {rate:8,.0f} tasks/s, "
-                                f"worker CPU {cpu:6.0f} us/task (load {os.getloadavg()[0]:.1f})",
+                                f"worker CPU {cpu:6.0f} us/task (main process {main_us:4.0f}, children "
+                                f"{cpu - main_us:4.0f}) (load {os.getloadavg()[0]:.1f})",
                                 flush=True,
                             )
                 for kind in kinds:

@@ -20,6 +20,10 @@ _ratio = [1.0]
 
 
 def install_if_asked() -> None:
+    if os.environ.get("TETHER_BENCH_IDLE_THREAD"):
+        import threading
+
+        threading.Thread(target=threading.Event().wait, daemon=True, name="bench-idle").start()
     if os.environ.get("TETHER_BENCH_OTEL_SDK"):
         install(float(os.environ.get("TETHER_BENCH_OTEL_RATIO", "1.0")))
 
