@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tether import cancelling
 from tether.app_view import AppView
@@ -20,7 +20,11 @@ from tether.errors import TaskNotFoundError
 from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
-from tether.retrying import RetryAnswer, retry_task
+
+if TYPE_CHECKING:
+    # Imported by retry() on first use: retrying brings the retry and reopen statement
+    # groups (ten row dataclasses), which neither a send nor a worker needs.
+    from tether.retrying import RetryAnswer
 
 T = TypeVar("T")
 
@@ -102,6 +106,8 @@ class TaskHandle(Generic[T]):
         where the rules allow (docs/workflows.md#retrying-a-step). ``by``: who asks (logged).
         Raises TaskNotFoundError for an unknown id.
         """
+        from tether.retrying import retry_task
+
         return retry_task(self.app.broker, self.id, by=by, from_scratch=from_scratch)
 
     async def retry_async(self, *, by: str | None = None, from_scratch: bool = False) -> RetryAnswer:

@@ -68,6 +68,42 @@ def test_a_producer_does_not_import_what_only_workers_and_commands_use() -> None
     assert _under(_imported_after(code), NOT_FOR_A_PRODUCER) == []
 
 
+# The broker's statement groups that only a worker, a command or a by-hand call uses: the
+# seed's manual-recovery doors import manual_recovery (with recovery, claims, retention and
+# their row dataclasses) on first use, a retry imports retrying (retries, the workflow reopen).
+NOT_FOR_A_SEND = (
+    "tether.broker.manual_recovery",
+    "tether.broker.recovery",
+    "tether.broker.claims",
+    "tether.broker.retention",
+    "tether.outcomes",
+    "tether.retrying",
+    "tether.broker.retries",
+    "tether.workflow.reopen",
+)
+
+
+def test_a_send_does_not_import_the_recovery_or_retry_statement_groups() -> None:
+    """A producer's imports and a send (refused: no server on the port) build none of the
+    row types of recovery and retries; a worker gets them when its services import them."""
+    code = (
+        "from tether import AppConfig, PostgresConfig, Tether\n"
+        "app = Tether(AppConfig(broker=PostgresConfig(database_url='postgresql://u@127.0.0.1:1/d')))\n"
+        "@app.task('t')\n"
+        "def t(x: int) -> int:\n"
+        "    return x\n"
+        "try:\n"
+        "    t.send(1)\n"
+        "except tether.errors.DatabaseUnreachableError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('sent to a closed port')\n"
+    )
+    modules = _imported_after(f"import tether.errors\n{code}")
+    assert _under(modules, ("tether.sending",)) != []  # the send's own modules were imported
+    assert _under(modules, NOT_FOR_A_SEND) == []
+
+
 def test_every_public_name_is_importable_from_tether() -> None:
     """Each name of ``tether.__all__`` resolves (lazily), to the object its module defines."""
     code = "import tether\nprint([n for n in tether.__all__ if getattr(tether, n, None) is None])"
