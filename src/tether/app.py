@@ -25,7 +25,7 @@ from tether.options import (
     check_time_limit,
 )
 from tether.periodic import CatchUp, Overlap, Schedule, declare, set_paused
-from tether.queue_control import QueueInfo, list_queues, pause_queue, resume_queue
+from tether.queue_control import list_queues, pause_queue, resume_queue
 from tether.result_listener import ResultListener
 from tether.task import Task
 from tether.workflow.definition import Node, OnError, Workflow
@@ -33,6 +33,7 @@ from tether.workflow.handle import WorkflowHandle
 
 if TYPE_CHECKING:
     # Imported by retry_tasks() on first use (tether.handle says why).
+    from tether.queue_control import QueueInfo  # imported by it on first use
     from tether.retrying import BulkRetry, RetryFilter
 
 P = ParamSpec("P")

@@ -80,6 +80,17 @@ NOT_FOR_A_SEND = (
     "tether.retrying",
     "tether.broker.retries",
     "tether.workflow.reopen",
+    # The public row types (TaskInfo, QueueInfo, WorkflowInfo, ...): imported by the reads
+    # that return them, and by tether.handle & co. when a program names one.
+    "tether.broker.rows",
+)
+
+# What a worker's start never needs: the reads' row types, by-hand retries.
+NOT_FOR_A_WORKER = (
+    "tether.broker.rows",
+    "tether.retrying",
+    "tether.broker.retries",
+    "tether.workflow.reopen",
 )
 
 
@@ -102,6 +113,39 @@ def test_a_send_does_not_import_the_recovery_or_retry_statement_groups() -> None
     modules = _imported_after(f"import tether.errors\n{code}")
     assert _under(modules, ("tether.sending",)) != []  # the send's own modules were imported
     assert _under(modules, NOT_FOR_A_SEND) == []
+
+
+def test_a_worker_s_imports_leave_out_the_reads_row_types() -> None:
+    """The CLI worker's import path (the app loaded, the worker's modules) builds none of the
+    row types only reads and by-hand retries return."""
+    code = (
+        "import tether.cli, tether.cli.workers, tether.worker.app_loader, tether.worker.main\n"
+        "from tether import Tether\n"
+        "app = Tether()\n"
+        "@app.task('t')\n"
+        "def t() -> None: ...\n"
+    )
+    modules = _imported_after(code)
+    assert "tether.worker.main" in modules
+    assert _under(modules, NOT_FOR_A_WORKER) == []
+
+
+def test_the_row_types_are_importable_from_where_they_always_were() -> None:
+    """tether.handle, tether.queue_control, tether.workflow.handle and broker.suspensions
+    give the row types on first use, the same objects as tether's names."""
+    code = (
+        "import tether, tether.broker.suspensions as s, tether.handle as h, tether.queue_control as qc\n"
+        "import tether.workflow.handle as wh\n"
+        "from tether.handle import AttemptInfo, TaskInfo, TaskStepInfo, TaskSuspension\n"
+        "same = [TaskInfo is tether.TaskInfo, AttemptInfo is tether.AttemptInfo,\n"
+        "        TaskStepInfo is tether.TaskStepInfo, TaskSuspension is tether.TaskSuspension,\n"
+        "        qc.QueueInfo is tether.QueueInfo, wh.StepInfo is tether.StepInfo,\n"
+        "        wh.WorkflowInfo is tether.WorkflowInfo, s.SuspensionState is tether.TaskSuspension,\n"
+        "        tether.TaskInfo.__module__ == 'tether.broker.rows', hasattr(h, 'NoSuchName')]\n"
+        "print(same)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str([True] * 9 + [False])
 
 
 def test_every_public_name_is_importable_from_tether() -> None:
