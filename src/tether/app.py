@@ -6,7 +6,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from tether.broker import PostgresBroker, schedules
 from tether.broker.answers import CHANGED
@@ -25,12 +25,16 @@ from tether.options import (
     check_time_limit,
 )
 from tether.periodic import CatchUp, Overlap, Schedule, declare, set_paused
-from tether.queue_control import QueueInfo, list_queues, pause_queue, resume_queue
+from tether.queue_control import list_queues, pause_queue, resume_queue
 from tether.result_listener import ResultListener
-from tether.retrying import BulkRetry, RetryFilter, retry_tasks
 from tether.task import Task
 from tether.workflow.definition import Node, OnError, Workflow
 from tether.workflow.handle import WorkflowHandle
+
+if TYPE_CHECKING:
+    # Imported by retry_tasks() on first use (tether.handle says why).
+    from tether.queue_control import QueueInfo  # imported by it on first use
+    from tether.retrying import BulkRetry, RetryFilter
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -273,6 +277,8 @@ class Tether:
         batches (docs/tasks.md#retrying-by-hand); ``dry_run``: count and sample, change nothing.
         Each keeps its recorded steps (it resumes after them) unless ``from_scratch``.
         ``by``: who asks (logged). One task: ``app.handle(id).retry()``."""
+        from tether.retrying import retry_tasks
+
         return retry_tasks(
             self.broker, filter, by=by, dry_run=dry_run, sample_size=sample_size, from_scratch=from_scratch
         )

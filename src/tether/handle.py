@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tether import cancelling
 from tether.app_view import AppView
 from tether.broker import tasks
-
-# Public as tether.AttemptInfo and tether.TaskInfo (and importable from here, as always).
-from tether.broker.rows import AttemptInfo as AttemptInfo
-from tether.broker.rows import TaskInfo as TaskInfo
-from tether.broker.rows import TaskStepInfo as TaskStepInfo
-from tether.broker.rows import TaskSuspension as TaskSuspension
-from tether.broker.rows import result_from_row
 from tether.cancelling import CancelReply
 from tether.errors import TaskNotFoundError
 from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, TaskStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
-from tether.retrying import RetryAnswer, retry_task
+
+if TYPE_CHECKING:
+    # Public as tether.AttemptInfo and tether.TaskInfo (and importable from here, as always:
+    # __getattr__ below imports them on first use).
+    from tether.broker.rows import AttemptInfo as AttemptInfo
+    from tether.broker.rows import TaskInfo as TaskInfo
+    from tether.broker.rows import TaskStepInfo as TaskStepInfo
+    from tether.broker.rows import TaskSuspension as TaskSuspension
+
+    # Imported by retry() on first use: retrying brings the retry and reopen statement
+    # groups (ten row dataclasses), which neither a send nor a worker needs.
+    from tether.retrying import RetryAnswer
 
 T = TypeVar("T")
 
@@ -102,6 +106,8 @@ class TaskHandle(Generic[T]):
         where the rules allow (docs/workflows.md#retrying-a-step). ``by``: who asks (logged).
         Raises TaskNotFoundError for an unknown id.
         """
+        from tether.retrying import retry_task
+
         return retry_task(self.app.broker, self.id, by=by, from_scratch=from_scratch)
 
     async def retry_async(self, *, by: str | None = None, from_scratch: bool = False) -> RetryAnswer:
@@ -167,4 +173,18 @@ def _result_or_missing(
                 "committed or was rolled back; or pruned by retention)",
             )
         )
+    from tether.broker.rows import result_from_row
+
     return result_from_row(state.status, state.result)
+
+
+if not TYPE_CHECKING:  # for a type checker, the names are imported above
+
+    def __getattr__(name: str) -> object:
+        """broker/rows.py's types, imported on first use (a send and a worker never build
+        them): ``from tether.handle import AttemptInfo`` works as before."""
+        if name in ("AttemptInfo", "TaskInfo", "TaskStepInfo", "TaskSuspension"):
+            value = getattr(__import__("tether.broker.rows", fromlist=[name]), name)
+            globals()[name] = value  # the next lookup is a plain one
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

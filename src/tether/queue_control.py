@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tether.broker import PostgresBroker, queues
-from tether.broker.rows import QueueInfo as QueueInfo  # public as tether.QueueInfo
 from tether.errors import InvalidOptionError
 from tether.names import check_by, check_queue_name
+
+if TYPE_CHECKING:
+    from tether.broker.rows import QueueInfo as QueueInfo  # public as tether.QueueInfo
 
 log = logging.getLogger("tether.queue_control")
 
@@ -66,3 +69,15 @@ def list_queues(broker: PostgresBroker, *, also: Sequence[str] = (), exact: bool
     for name in also:
         check_queue_name(name, "also")
     return broker.run(lambda conn: queues.queue_overview(conn, list(also), exact=exact))
+
+
+if not TYPE_CHECKING:  # for a type checker, the names are imported above
+
+    def __getattr__(name: str) -> object:
+        """broker/rows.py's types, imported on first use (a send and a worker never build
+        them): ``from tether.queue_control import QueueInfo`` works as before."""
+        if name in ("QueueInfo",):
+            value = getattr(__import__("tether.broker.rows", fromlist=[name]), name)
+            globals()[name] = value  # the next lookup is a plain one
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

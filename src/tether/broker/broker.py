@@ -24,22 +24,26 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from tether.broker import answers, manual_recovery
+from tether.broker import answers
 from tether.broker.identity import DatabaseIdentity, database_identity
 from tether.broker.loop_connections import LoopConnections
-from tether.broker.manual_recovery import Rules, check_positive
-from tether.broker.recovery import StaleTask
 from tether.config import PostgresConfig
 from tether.db.connection import connect, connect_kwargs, listen_url, resolve_database_url, unreachable
 from tether.db.migrate import ensure_schema
 from tether.db.read_only import PrimaryCursor, ServerReadOnlyError
+
+if TYPE_CHECKING:
+    # Imported by the manual-recovery doors below on first use: manual_recovery brings
+    # recovery, claims and retention (with their row dataclasses), which a producer and the
+    # broker's other callers never need.
+    from tether.broker.recovery import StaleTask
 
 log = logging.getLogger("tether.broker")
 
@@ -240,7 +244,10 @@ class PostgresBroker:
 
     def get_stale_tasks_sync(self, stale_threshold_minutes: float = 5.0) -> list[StaleTask]:
         """RUNNING tasks with no runner heartbeat for longer than the threshold, with their worker."""
-        threshold_ms = check_positive("stale_threshold_minutes", stale_threshold_minutes) * 60_000
+        from tether.broker import manual_recovery
+
+        minutes = manual_recovery.check_positive("stale_threshold_minutes", stale_threshold_minutes)
+        threshold_ms = minutes * 60_000
         with self.connection() as conn:
             return manual_recovery.stale_tasks(conn, threshold_ms)
 
@@ -249,7 +256,10 @@ class PostgresBroker:
 
     def mark_stale_tasks_as_failed_sync(self, stale_threshold_ms: int = 300_000) -> int:
         """Fail (or crash-retry, per each task's policy) RUNNING tasks silent past the threshold."""
-        rules = Rules(running_threshold_ms=check_positive("stale_threshold_ms", stale_threshold_ms))
+        from tether.broker import manual_recovery
+
+        threshold_ms = manual_recovery.check_positive("stale_threshold_ms", stale_threshold_ms)
+        rules = manual_recovery.Rules(running_threshold_ms=threshold_ms)
         with self.connection() as conn:
             done = manual_recovery.recover(conn, rules)
         return len(done.retried) + len(done.failed)
@@ -259,7 +269,10 @@ class PostgresBroker:
 
     def requeue_stale_claimed_sync(self, stale_threshold_ms: int = 120_000) -> int:
         """Put CLAIMED tasks whose claimer went silent past the threshold back to PENDING."""
-        rules = Rules(claimed_threshold_ms=check_positive("stale_threshold_ms", stale_threshold_ms))
+        from tether.broker import manual_recovery
+
+        threshold_ms = manual_recovery.check_positive("stale_threshold_ms", stale_threshold_ms)
+        rules = manual_recovery.Rules(claimed_threshold_ms=threshold_ms)
         with self.connection() as conn:
             return len(manual_recovery.recover(conn, rules).requeued)
 

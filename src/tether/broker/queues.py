@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from tether.broker.answers import Answer
 from tether.broker.counts import queue_counts
 from tether.broker.queries import q
-from tether.broker.rows import QueueInfo
 from tether.broker.types import Conn
+
+if TYPE_CHECKING:
+    # The public row types (rows.py), imported by the reads that return them on first use:
+    # a worker and a send never build them.
+    from tether.broker.rows import QueueInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,8 @@ def queue_overview(conn: Conn, also: Sequence[str] = (), *, exact: bool = False)
         if c.estimated:
             estimated.setdefault(c.queue, []).append(c.status.value)
     names = sorted({*counted, *also})
+    from tether.broker.rows import QueueInfo
+
     rows = conn.execute(q("queue_states"), {"names": names}).fetchall()
     infos = []
     for row in rows:

@@ -19,23 +19,17 @@ broker's other rows), and a stored result becomes a TaskResult.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from tether.broker.types import Row
+from tether.broker.types import with_status as with_status  # where it was defined before
 from tether.codec import decode_result
 from tether.result import ErrorCode, StepStatus, TaskError, TaskResult, TaskStatus, WorkflowStatus
 
 R = TypeVar("R")
-
-
-def with_status(cls: Callable[..., R], row: Row, status: type[StrEnum], key: str = "status") -> R:
-    """``cls(**row)`` with the row's ``key`` column (a status's text) as its ``status`` enum."""
-    row[key] = status(row[key])
-    return cls(**row)
 
 
 # -- tasks --------------------------------------------------------------------------------------

@@ -9,11 +9,16 @@ adds nothing, and the function says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from tether.broker.queries import q
-from tether.broker.rows import TaskStepInfo
 from tether.broker.types import Conn
+
+if TYPE_CHECKING:
+    # The public row types (rows.py), imported by the reads that return them on first use:
+    # a worker and a send never build them.
+    from tether.broker.rows import TaskStepInfo
 
 #: A stored step: (name, occurrence) -> its result as JSON text.
 StepKey = tuple[str, int]
@@ -86,4 +91,6 @@ def list_steps(conn: Conn, task_id: UUID | str) -> list[TaskStepInfo]:
     ran it, when, and its result's size in bytes (measured by the database: results are not
     read). Empty for a task with no steps, or no such task."""
     rows = conn.execute(q("list_steps"), {"id": task_id}).fetchall()
+    from tether.broker.rows import TaskStepInfo
+
     return [TaskStepInfo(**row) for row in rows]

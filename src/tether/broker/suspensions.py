@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from tether.broker.queries import q
-from tether.broker.rows import TaskSuspension
 from tether.broker.types import Conn
+
+if TYPE_CHECKING:
+    # The public row types (rows.py), imported by the reads that return them on first use:
+    # a worker and a send never build them.
+    from tether.broker.rows import TaskSuspension
 
 #: The step names a sleep and a wait are recorded under (tether_task_steps).
 SLEEP_STEP = "tether.sleep"
@@ -125,13 +130,23 @@ def send_event(conn: Conn, *, key: str, payload: str) -> EventSent:
     return EventSent(int(row["event_id"]), row["delivered_to"])
 
 
-#: The name this module always gave the type (public as ``tether.TaskSuspension``, rows.py).
-SuspensionState = TaskSuspension
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        """``SuspensionState``: the name this module always gave the type (public as
+        ``tether.TaskSuspension``, rows.py), imported on first use like the reads' types."""
+        if name == "SuspensionState":
+            from tether.broker.rows import TaskSuspension
+
+            return TaskSuspension
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def suspension_states(conn: Conn, task_ids: list[str]) -> dict[str, TaskSuspension]:
     """The state of each of ``task_ids`` that is PENDING after a sleep or a wait (others absent):
     tether task ID, tether tasks, ``TaskInfo.suspension`` and the dashboard's task page."""
+    from tether.broker.rows import TaskSuspension
+
     rows = conn.execute(q("suspension_states"), {"ids": task_ids}).fetchall()
     return {
         row["id"]: TaskSuspension(

@@ -11,17 +11,21 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from tether import tracing
 from tether.broker.answers import Answer
 from tether.broker.queries import q
-from tether.broker.rows import AttemptInfo, TaskInfo, with_status
 from tether.broker.steps import list_steps
 from tether.broker.suspensions import suspension_states
-from tether.broker.types import AsyncConn, Conn
+from tether.broker.types import AsyncConn, Conn, with_status
 from tether.result import TaskStatus
+
+if TYPE_CHECKING:
+    # The public row types (rows.py), imported by the reads that return them on first use:
+    # a worker and a send never build them.
+    from tether.broker.rows import AttemptInfo, TaskInfo
 
 # -- sending ----------------------------------------------------------------
 
@@ -165,6 +169,8 @@ def get_task(conn: Conn, task_id: UUID, *, steps: bool = True) -> TaskInfo | Non
     its current sleep or wait: separate statements, so an outcome or a step recorded between
     them can show in a later list and not yet in the row. ``steps=False``: neither steps nor
     suspension read (``TaskInfo.steps`` empty, ``TaskInfo.suspension`` None)."""
+    from tether.broker.rows import TaskInfo
+
     row = conn.execute(q("get_task"), {"id": task_id}).fetchone()
     if row is None:
         return None
@@ -191,6 +197,8 @@ def watch_task(conn: Conn, task_id: UUID) -> TaskState | None:
 
 def get_attempts(conn: Conn, task_id: UUID) -> list[AttemptInfo]:
     """The task's finished attempts, first first."""
+    from tether.broker.rows import AttemptInfo
+
     rows = conn.execute(q("get_attempts"), {"id": task_id}).fetchall()
     return [with_status(AttemptInfo, row, TaskStatus, "outcome") for row in rows]
 

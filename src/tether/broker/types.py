@@ -6,13 +6,16 @@ places that open connections or LISTEN) depends on the driver.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg_pool import AsyncConnectionPool
 
 Row = dict[str, Any]
+R = TypeVar("R")
 Conn = psycopg.Connection[Row]
 AsyncConn = psycopg.AsyncConnection[Row]
 AsyncPool = AsyncConnectionPool[AsyncConn]
@@ -28,3 +31,12 @@ OperationalError = psycopg.OperationalError
 #: The transaction was rolled back by the server (a deadlock, a serialization failure):
 #: nothing was written, and the same statement may simply run again.
 RolledBackError = psycopg.errors.TransactionRollback
+
+
+def with_status(cls: Callable[..., R], row: Row, status: type[StrEnum], key: str = "status") -> R:
+    """``cls(**row)`` with the row's ``key`` column (a status's text) as its ``status`` enum.
+
+    Here, not in rows.py: the workflow engine's writes use it, and rows.py's public row types
+    are imported only by the reads that return them."""
+    row[key] = status(row[key])
+    return cls(**row)

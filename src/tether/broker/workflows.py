@@ -19,13 +19,17 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tether import tracing
 from tether.broker.queries import q
-from tether.broker.rows import StepInfo, WorkflowInfo, WorkflowSummary, with_status
-from tether.broker.types import AsyncConn, Conn, Row
+from tether.broker.types import AsyncConn, Conn, Row, with_status
 from tether.result import StepStatus, WorkflowStatus
+
+if TYPE_CHECKING:
+    # The public row types (rows.py), imported by the reads that return them on first use:
+    # a worker and a send never build them.
+    from tether.broker.rows import StepInfo, WorkflowInfo, WorkflowSummary
 
 WorkflowId = uuid.UUID | str
 
@@ -373,6 +377,8 @@ def workflow_state(conn: Conn, workflow_id: WorkflowId) -> WorkflowState | None:
 
 def get_workflow(conn: Conn, workflow_id: WorkflowId) -> WorkflowInfo | None:
     """The workflow and every step, by node (two statements, as the handle's info() reads it)."""
+    from tether.broker.rows import WorkflowInfo
+
     row = conn.execute(q("get_workflow"), {"id": workflow_id}).fetchone()
     if row is None:
         return None
@@ -381,6 +387,8 @@ def get_workflow(conn: Conn, workflow_id: WorkflowId) -> WorkflowInfo | None:
 
 def get_workflow_steps(conn: Conn, workflow_id: WorkflowId) -> list[StepInfo]:
     """Every step, by node."""
+    from tether.broker.rows import StepInfo
+
     rows = _step_rows(conn, workflow_id)
     names = {r["node"]: r["node_name"] for r in rows}
     return [StepInfo.from_row(r, names) for r in rows]
@@ -405,6 +413,8 @@ def list_workflows(
     conn: Conn, *, status: WorkflowStatus | None, name: str | None, limit: int
 ) -> list[WorkflowSummary]:
     """The newest workflows, filtered by exact status and name when given."""
+    from tether.broker.rows import WorkflowSummary
+
     rows = conn.execute(q("list_workflows"), {"status": status, "name": name, "limit": limit}).fetchall()
     return [with_status(WorkflowSummary, r, WorkflowStatus) for r in rows]
 

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.app_view import AppView
 from tether.broker import workflows
 from tether.broker.answers import CHANGED
-
-# Public as tether.StepInfo and tether.WorkflowInfo (and importable from here, as always).
-from tether.broker.rows import StepInfo as StepInfo
-from tether.broker.rows import WorkflowInfo as WorkflowInfo
 from tether.broker.workflows import WorkflowState
 from tether.codec import decode_result
 from tether.errors import WorkflowNotFoundError
@@ -20,6 +16,12 @@ from tether.offload import in_thread
 from tether.result import ErrorCode, TaskError, TaskResult, WorkflowStatus
 from tether.result_wait import check_timeout, timed_out, wait_for, wait_for_async
 from tether.workflow import engine
+
+if TYPE_CHECKING:
+    # Public as tether.StepInfo and tether.WorkflowInfo (and importable from here, as always:
+    # __getattr__ below imports them on first use).
+    from tether.broker.rows import StepInfo as StepInfo
+    from tether.broker.rows import WorkflowInfo as WorkflowInfo
 
 
 class WorkflowHandle:
@@ -178,3 +180,15 @@ class WorkflowHandle:
 
     def _steps(self) -> list[StepInfo]:
         return self.app.broker.run(lambda c: workflows.get_workflow_steps(c, self.id))
+
+
+if not TYPE_CHECKING:  # for a type checker, the names are imported above
+
+    def __getattr__(name: str) -> object:
+        """broker/rows.py's types, imported on first use (a send and a worker never build
+        them): ``from tether.workflow.handle import StepInfo`` works as before."""
+        if name in ("StepInfo", "WorkflowInfo"):
+            value = getattr(__import__("tether.broker.rows", fromlist=[name]), name)
+            globals()[name] = value  # the next lookup is a plain one
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
