@@ -70,8 +70,12 @@ class NamespacedWorker(WorkerProcess):
 
 
 def start_namespaced(workers: WorkerFactory, env: dict[str, str], *args: str) -> NamespacedWorker:
+    # A pid namespace needs CAP_SYS_ADMIN: an ordinary user gets it in a user namespace of its
+    # own. Root does not take one: inside it, root could not reach the embedded server's socket,
+    # which belongs to the server's own user (tests/hosts.py's AS_SERVER) behind a 0700 folder.
+    as_user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
     command = [
-        *("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--"),
+        *("unshare", *as_user, "--pid", "--fork", "--mount-proc", "--"),
         *(sys.executable, "-m", "tether", "--log-level", "INFO", "worker", APP, *args),
     ]
     worker = NamespacedWorker(
@@ -94,6 +98,19 @@ def session_of(db: Any, worker_id: str) -> tuple[int | None, Any]:
 
 def task_status(db: Any, task_id: Any) -> str:
     return str(db.execute("SELECT status FROM tether_tasks WHERE id = %s", (task_id,)).fetchone()["status"])
+
+
+def settled_row(db: Any, task_id: Any, message: str) -> Any:
+    """The task's row once it is no longer RUNNING (within 20 s)."""
+    return wait_until(
+        lambda: (
+            (r := db.execute("SELECT * FROM tether_tasks WHERE id = %s", (task_id,)).fetchone())["status"]
+            != "RUNNING"
+            and r
+        ),
+        timeout=20,
+        message=message,
+    )
 
 
 def passes(db: Any) -> int:
@@ -134,15 +151,7 @@ def test_a_killed_worker_is_judged_by_its_closed_session(
     killed_at = db_now(db)
     a.kill()  # SIGKILL to A's process group: the namespace's pid 1 and its children
 
-    row = wait_until(
-        lambda: (
-            (r := db.execute("SELECT * FROM tether_tasks WHERE id = %s", (task.id,)).fetchone())["status"]
-            != "RUNNING"
-            and r
-        ),
-        timeout=20,
-        message="the killed worker's task to be settled",
-    )
+    row = settled_row(db, task.id, "the killed worker's task to be settled")
     assert row["status"] == "FAILED" and row["error_code"] == "WORKER_CRASHED", row
     assert row["failed_at"] - killed_at < DECIDED_WITHIN, (row["failed_at"], killed_at)
     last_beat = last_heartbeat(db, task.id, "runner")
@@ -372,15 +381,7 @@ def test_a_live_worker_cut_off_with_its_session_closed_freezes_its_task_before_t
         frozen_or_settled, timeout=20, interval=0.005, message="A to freeze its child, or the task to end"
     )
     assert frozen_at, f"the task was settled while A's child still ran\n{a.log()}"
-    row = wait_until(
-        lambda: (
-            (r := db.execute("SELECT * FROM tether_tasks WHERE id = %s", (task.id,)).fetchone())["status"]
-            != "RUNNING"
-            and r
-        ),
-        timeout=20,
-        message="the rule to settle A's task",
-    )
+    row = settled_row(db, task.id, "the rule to settle A's task")
     assert (row["status"], row["error_code"]) == ("FAILED", "WORKER_CRASHED"), row
     assert frozen_at[0] <= row["failed_at"], (frozen_at[0], row["failed_at"])
     row, (attempt,) = check_history(db, task.id)
