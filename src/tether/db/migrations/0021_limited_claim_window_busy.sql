@@ -1,15 +1,17 @@
--- tether schema, version 21: the limited claim reads its key window's tasks in flight once
--- (docs/limits.md, "What it costs").
+-- tether schema, version 21: the limited claim reads less per key of its window (docs/limits.md,
+-- "Where a per-key claim's time goes").
 --
--- Migration 19's statement, but for one CTE: `heads` counted each window key's tasks in flight
--- with a correlated subquery, and PostgreSQL evaluated it twice per key (once in `chosen`'s
--- filter against per_key, once in its ORDER BY): two index probes of
--- tether_tasks_key_in_flight_idx per key of the window, whether the claim took from the key
--- or not. `window_busy` reads them once, for the whole window, in one index scan
--- (concurrency_key = ANY(the window's keys)). Same snapshot, same counts, same order: what
--- the limits are held to is still read after the locks (tether_keys_in_flight, migration 16).
--- Everything else (the SETs that keep one generic plan of index probes per session, the
--- locks, the counts after them) is migration 19's; see there.
+-- Migration 19's statement, but for `heads` and the skip scan that feeds it:
+-- - each window key's tasks in flight are counted once, by a lateral join: as a correlated
+--   subquery PostgreSQL evaluated it twice per key (in `chosen`'s filter against per_key and in
+--   its ORDER BY), two probes of tether_tasks_key_in_flight_idx per key;
+-- - each key's head comes from the skip scan: its probe of tether_tasks_key_claim_idx (queue,
+--   concurrency_key, priority DESC, run_at, id) already lands on the key's first PENDING row in
+--   claim order, which is the key's head whenever it is due, not expired and not skipped by
+--   name; the separate head probe runs only for a key whose first row is not (a one-time filter
+--   per key). Same snapshot, same heads, same order.
+-- Everything else (the SETs that keep one generic plan of index probes per session, the locks,
+-- the counts after them that the limits are held to, the water level) is migration 19's.
 CREATE OR REPLACE FUNCTION tether_limited_claim(
     _queue text, _cursor text, _window integer, _wanted integer, _skip_names text[], _unkeyed boolean,
     _unkeyed_window integer, _other_limit integer, _async_limit integer, _async_names text[],
@@ -51,33 +53,46 @@ BEGIN
                    CASE WHEN qt.rate_limit IS NOT NULL THEN tether_queue_tokens(_queue, qt.at) END AS tokens
             FROM queue_time qt
         ),
-        after_cursor (key) AS (
-            (SELECT t.concurrency_key FROM tether_tasks t
+        after_cursor (key, priority, run_at, name, good_until) AS (
+            -- The skip scan: each key's first PENDING row in the index's order, which is the key's
+            -- head (priority DESC, run_at, id) whenever that row is due, not expired and not skipped
+            -- by name; `heads` probes the key again only when it is not.
+            (SELECT t.concurrency_key, t.priority, t.run_at, t.name, t.good_until FROM tether_tasks t
              WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key > _cursor
-             ORDER BY t.concurrency_key LIMIT 1)
+             ORDER BY t.concurrency_key, t.priority DESC, t.run_at, t.id LIMIT 1)
             UNION ALL
-            SELECT (SELECT t.concurrency_key FROM tether_tasks t
-                    WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key > seen.key
-                    ORDER BY t.concurrency_key LIMIT 1)
-            FROM after_cursor seen WHERE seen.key IS NOT NULL
+            SELECT n.* FROM after_cursor seen
+            CROSS JOIN LATERAL (
+                SELECT t.concurrency_key, t.priority, t.run_at, t.name, t.good_until FROM tether_tasks t
+                WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key > seen.key
+                ORDER BY t.concurrency_key, t.priority DESC, t.run_at, t.id LIMIT 1
+            ) n
         ),
-        from_start (key) AS (
-            (SELECT t.concurrency_key FROM tether_tasks t
+        from_start (key, priority, run_at, name, good_until) AS (
+            (SELECT t.concurrency_key, t.priority, t.run_at, t.name, t.good_until FROM tether_tasks t
              WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key IS NOT NULL
                AND t.concurrency_key <= _cursor
-             ORDER BY t.concurrency_key LIMIT 1)
+             ORDER BY t.concurrency_key, t.priority DESC, t.run_at, t.id LIMIT 1)
             UNION ALL
-            SELECT (SELECT t.concurrency_key FROM tether_tasks t
-                    WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key > seen.key
-                      AND t.concurrency_key <= _cursor
-                    ORDER BY t.concurrency_key LIMIT 1)
-            FROM from_start seen WHERE seen.key IS NOT NULL
+            SELECT n.* FROM from_start seen
+            CROSS JOIN LATERAL (
+                SELECT t.concurrency_key, t.priority, t.run_at, t.name, t.good_until FROM tether_tasks t
+                WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key > seen.key
+                  AND t.concurrency_key <= _cursor
+                ORDER BY t.concurrency_key, t.priority DESC, t.run_at, t.id LIMIT 1
+            ) n
         ),
         key_window AS MATERIALIZED (
-            SELECT key, part FROM (
-                (SELECT key, 1 AS part FROM after_cursor WHERE key IS NOT NULL LIMIT (SELECT _window::int))
+            SELECT key, part, priority, run_at,
+                   -- the first row is the head: due, not expired, not skipped by name
+                   run_at <= now() AND (good_until IS NULL OR good_until > now())
+                       AND name <> ALL(_skip_names::text[]) AS first_is_head
+            FROM (
+                (SELECT key, 1 AS part, priority, run_at, name, good_until FROM after_cursor
+                 LIMIT (SELECT _window::int))
                 UNION ALL
-                (SELECT key, 2 AS part FROM from_start WHERE key IS NOT NULL LIMIT (SELECT _window::int))
+                (SELECT key, 2 AS part, priority, run_at, name, good_until FROM from_start
+                 LIMIT (SELECT _window::int))
             ) both_parts
             LIMIT (SELECT _window::int)
         ),
@@ -86,7 +101,8 @@ BEGIN
             -- count the limit is held to is read after the key's lock (keys, below). A lateral
             -- join, counted once per key: as a scalar subquery PostgreSQL counted it twice (in
             -- `chosen`'s filter and in its ORDER BY).
-            SELECT w.key, w.part, h.priority, h.run_at,
+            SELECT w.key, w.part,
+                   CASE WHEN w.first_is_head THEN w.priority ELSE h.priority END AS priority,
                    coalesce((queue_lock.key_weights ->> w.key)::float8, 1.0) AS weight,
                    b.n AS busy,
                    -- the key's rate tokens, as good as this snapshot knows (a key with none left is
@@ -101,14 +117,17 @@ BEGIN
                 SELECT count(*)::int AS n FROM tether_tasks f
                 WHERE f.queue = _queue AND f.concurrency_key = w.key AND f.status IN ('CLAIMED', 'RUNNING')
             ) b
-            CROSS JOIN LATERAL (
-                SELECT t.priority, t.run_at FROM tether_tasks t
-                WHERE t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key = w.key
+            -- The head, probed only for a key whose first row is not it (a one-time filter per key).
+            LEFT JOIN LATERAL (
+                SELECT t.priority FROM tether_tasks t
+                WHERE NOT w.first_is_head
+                  AND t.status = 'PENDING' AND t.queue = _queue AND t.concurrency_key = w.key
                   AND t.run_at <= now() AND (t.good_until IS NULL OR t.good_until > now())
                   AND t.name <> ALL(_skip_names::text[])
                 ORDER BY t.priority DESC, t.run_at, t.id
                 LIMIT 1
-            ) h
+            ) h ON true
+            WHERE w.first_is_head OR h.priority IS NOT NULL
         ),
         chosen AS MATERIALIZED (
             SELECT ranked.key, ranked.part, ranked.weight,
