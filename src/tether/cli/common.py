@@ -44,6 +44,7 @@ def __getattr__(name: str) -> Any:
         return made
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 db_option = click.option(
     "--database-url",
     envvar="TETHER_DATABASE_URL",

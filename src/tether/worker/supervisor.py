@@ -33,6 +33,7 @@ from tether.worker.start_method import ChildContext, child_context
 
 log = logging.getLogger("tether.worker.supervisor")
 
+
 @dataclass(eq=False)
 class ChildSlot:
     """One child process: its kind, its pipe and whether it is ready. The tasks it holds are in Holdings."""
