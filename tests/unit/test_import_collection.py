@@ -35,11 +35,13 @@ def test_resume_leaves_a_collector_the_program_turned_off_itself_off() -> None:
         "import gc\n"
         "from tether.worker.heap import pause_collection, resume_collection\n"
         "gc.disable()\n"
+        # Not 0 at the start on every version: Python 3.12 starts with objects frozen of its own.
+        "before = gc.get_freeze_count()\n"
         "pause_collection()\n"
         "resume_collection()\n"
-        "print(gc.isenabled(), gc.get_freeze_count())\n"
+        "print(gc.isenabled(), gc.get_freeze_count() == before)\n"
     )
-    assert _run(code) == "False 0"
+    assert _run(code) == "False True"
 
 
 def test_the_cli_resumes_collection_when_a_worker_cannot_load_its_app() -> None:
