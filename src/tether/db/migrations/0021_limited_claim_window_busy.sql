@@ -10,6 +10,8 @@
 --   claim order, which is the key's head whenever it is due, not expired and not skipped by
 --   name; the separate head probe runs only for a key whose first row is not (a one-time filter
 --   per key). Same snapshot, same heads, same order.
+-- - a paused queue (tether_paused_queues) gives the claim no room: migration 19's function did
+--   not read the pause, so a queue with limits went on being claimed while paused.
 -- Everything else (the SETs that keep one generic plan of index probes per session, the locks,
 -- the counts after them that the limits are held to, the water level) is migration 19's.
 CREATE OR REPLACE FUNCTION tether_limited_claim(
@@ -164,11 +166,15 @@ BEGIN
             WHERE c.locked
         ),
         room AS (
-            SELECT greatest(0, least(
+            -- A paused queue (tether_paused_queues, docs/queues.md) gives no room: read in every
+            -- claim, with this statement's snapshot, as the plain claim does (claims.sql), so a
+            -- pause holds from its commit on for limited queues too.
+            SELECT CASE WHEN EXISTS (SELECT 1 FROM tether_paused_queues p WHERE p.queue = _queue) THEN 0
+                   ELSE greatest(0, least(
                 _wanted::int,
                 coalesce(lim.max_in_flight - lim.queue_busy, _wanted::int),
                 coalesce(floor(lim.tokens)::int, _wanted::int)
-            )) AS n,
+            )) END AS n,
             -- Past the idle children, a claim prefetches (tasks held until a child is free) only
             -- while the queue stays within half its max_in_flight: a limit that binds gives its
             -- slots to tasks that start at once, one that does not keeps the plain claim's speed.
