@@ -34,6 +34,17 @@ def _count(db: psycopg.Connection[Any], ids: list[Any], status: str = "COMPLETED
     return int(row["n"]) if row else 0
 
 
+def _start_one_with_limits_declared(workers: WorkerFactory, db: psycopg.Connection[Any]) -> None:
+    """One worker of one process, no prefetch, once it has declared the app's limits."""
+    workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
+    wait_until(
+        lambda: db.execute("SELECT count(*) AS n FROM tether_queue_limits WHERE queue = 'fair'").fetchone()[
+            "n"
+        ],
+        message="the worker to declare its limits",
+    )
+
+
 @pytest.mark.timeout(120)
 def test_per_key_limit_of_2_over_10_keys_never_exceeded(
     db: psycopg.Connection[Any], database_url: str, direct_url: str, workers: WorkerFactory
@@ -464,13 +475,7 @@ def test_key_weights_share_the_turns(
         return limited.plain_work.with_options(queue="fair", concurrency_key=key)
 
     limited = load_app_module("limited", database_url)
-    workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
-    wait_until(
-        lambda: db.execute("SELECT count(*) AS n FROM tether_queue_limits WHERE queue = 'fair'").fetchone()[
-            "n"
-        ],
-        message="the worker to declare its limits",
-    )
+    _start_one_with_limits_declared(workers, db)
     run(database_url, "queue", "limit", "fair", "--weight", "heavy=3")
     # Both keys' tasks are there before the first claim: sent into a running worker one after
     # the other, light's first tasks could start before heavy's were sent (seen in CI: 6 of
@@ -498,13 +503,7 @@ def test_a_paused_limited_queue_is_not_claimed_until_it_is_resumed(
     from tests.cli_support import run
 
     limited = load_app_module("limited", database_url)
-    workers.start(APP, "--processes", "1", "--prefetch", "0", "--queues", QUEUES)
-    wait_until(
-        lambda: db.execute("SELECT count(*) AS n FROM tether_queue_limits WHERE queue = 'fair'").fetchone()[
-            "n"
-        ],
-        message="the worker to declare its limits",
-    )
+    _start_one_with_limits_declared(workers, db)
     run(database_url, "queue", "pause", "fair")
     held = [
         h.id
