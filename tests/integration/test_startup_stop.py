@@ -135,11 +135,20 @@ def _listening(worker: WorkerProcess) -> bool:
         return bool(row and row[0])
 
 
+# Registered rows expected: the children are made beside the registration (docs/workers.md),
+# so a child may show before the worker's row is written; stopped then, it leaves none, and
+# stop_during_startup checks the same promises either way (nothing claimed left behind).
 @pytest.mark.parametrize(
-    "moment", [_row_shows, _a_child_shows, _listening], ids=["row", "first-child", "listening"]
+    ("moment", "registered"),
+    [(_row_shows, {1}), (_a_child_shows, {0, 1}), (_listening, {1})],
+    ids=["row", "first-child", "listening"],
 )
 def test_sigterm_from_outside_the_moment_a_start_up_step_shows(
-    basic: ModuleType, db: Conn, workers: WorkerFactory, moment: Callable[[WorkerProcess], bool]
+    basic: ModuleType,
+    db: Conn,
+    workers: WorkerFactory,
+    moment: Callable[[WorkerProcess], bool],
+    registered: set[int],
 ) -> None:
     _, rows, _ = stop_during_startup(basic, db, workers, when=moment)
-    assert len(rows) == 1, rows
+    assert len(rows) in registered, rows
