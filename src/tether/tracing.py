@@ -198,7 +198,7 @@ class _Run:
         # for its span context, not for a TraceFlags per run.
         self._flags_of = {0: TraceFlags(0), 1: TraceFlags(1)}
         self.unsampled_send = _unsampled_send_class(NonRecordingSpan, self.remote)
-        self.current = _current_context_getter()
+        self.current = context.get_current
         # follow_runs(): the context an async child attaches once, whose span is the send of
         # whichever run is current; None until then.
         self.following: Context | None = None
@@ -222,21 +222,6 @@ class _Run:
             trace_flags=self._flags_of.get(flags) or self._flags(flags),
             trace_state=self._state.from_header([state]) if state else None,
         )
-
-
-def _current_context_getter() -> Callable[[], Context]:
-    """``opentelemetry.context.get_current``, or the get of the context variable behind it when
-    the runtime context is the API's own (contextvars, the only one it ships): one C call
-    instead of two Python ones, which were half of an unsampled async run's check (enter_run)."""
-    from opentelemetry import context
-    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-
-    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, ContextVar):
-        get: Callable[[], Context] = variable.get
-        return get
-    return context.get_current
 
 
 _run: _Run | None = None
