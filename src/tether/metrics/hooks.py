@@ -10,7 +10,8 @@ one process holds the whole worker's counts (docs/monitoring.md#children).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.metrics import recovery_tally, rules
 
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 
 class Sink(Protocol):
     def finished(self, task: TaskPayload, status: str, code: str | None, run_s: float | None) -> None: ...
+    def finished_many(
+        self, held: Callable[[str], TaskPayload | None], done: list[list[Any]], ran: list[list[Any]] | None
+    ) -> None: ...
     def claimed(self, tasks: list[TaskPayload], seconds: float) -> None: ...
     def claim_failed(self) -> None: ...
     def heartbeat(self, seconds: float | None) -> None: ...
@@ -47,6 +51,16 @@ def finished(
     its fence matched nothing), ``code`` its error code, ``run_s`` the seconds its code ran."""
     if _sink is not None and task is not None:
         _sink.finished(task, status, code, run_s)
+
+
+def finished_many(
+    held: Callable[[str], TaskPayload | None], done: list[list[Any]], ran: list[list[Any]] | None
+) -> None:
+    """finished() for each entry of an async child's BATCH: ``done`` its [[id, status]],
+    ``ran`` its [[code, run_s]] (one per entry of ``done``; None: not said), ``held`` the task
+    of an id (None: not held any more, not counted). One call a batch, not one a task."""
+    if _sink is not None:
+        _sink.finished_many(held, done, ran)
 
 
 def claimed(tasks: list[TaskPayload], seconds: float) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -41,6 +42,10 @@ OUTCOMES = {
     "SUSPENDED": "suspended",  # a durable sleep or a wait for an event (docs/durable-steps.md)
     "LOST": "lost",  # its fence matched nothing: the task was recovered or cancelled elsewhere
 }
+
+
+# The label values of tether_tasks_finished: queue, task, outcome, code.
+Key = tuple[str, str, str, str]
 
 
 class Hist:
@@ -74,8 +79,9 @@ class WorkerMetrics(Collector):
         self.labels = labels
         self.in_flight = in_flight
         self.children = children
-        # (queue, name, status, code) as reported -> its label values, looked up once.
-        self._finished_labels: dict[tuple[str, str, str, str | None], tuple[str, str, str, str]] = {}
+        # (queue, name, status, code) as reported -> its label values and its run-time
+        # histogram, looked up once: a finished task then costs one lookup of each.
+        self._finished_labels: dict[tuple[str, str, str, str | None], tuple[Key, Hist]] = {}
         self.finished_counts: dict[tuple[str, str, str, str], int] = {}
         self.run_times: dict[tuple[str, str], Hist] = {}
         self.waits: dict[str, Hist] = {}
@@ -94,22 +100,44 @@ class WorkerMetrics(Collector):
     # -- tether.metrics.hooks.Sink (the event loop's thread) -----------------------------
 
     def finished(self, task: TaskPayload, status: str, code: str | None, run_s: float | None) -> None:
-        raw = (task.queue, task.name, status, code)
-        key = self._finished_labels.get(raw)
-        if key is None:
-            key = self._finished_labels[raw] = (
-                task.queue,
-                self.labels.task(task.name),
-                OUTCOMES.get(status, "lost"),
-                self.labels.code(code),
-            )
+        key, run = self._finished_labels.get((task.queue, task.name, status, code)) or self._label(
+            task, status, code
+        )
         counts = self.finished_counts
         counts[key] = counts.get(key, 0) + 1
         if run_s is not None:
-            run = self.run_times.get(key[:2])
-            if run is None:
-                run = self.run_times[key[:2]] = Hist(TASK_BUCKETS)
-            run.observe(run_s)
+            run.counts[bisect_left(run.bounds, run_s)] += 1
+            run.total += run_s
+
+    def finished_many(
+        self,
+        held: Callable[[str], TaskPayload | None],
+        done: list[list[Any]],
+        ran: list[list[Any]] | None,
+    ) -> None:
+        # finished() for each entry of an async child's BATCH, in one loop with everything
+        # bound to locals: this is the main process's hot path, once per task (about half the
+        # cost of a call per task, bench/README.md "Issue 24, item 7").
+        labels, counts, label = self._finished_labels, self.finished_counts, self._label
+        for (task_id, status), (code, run_s) in zip(done, ran or [[None, None]] * len(done), strict=True):
+            task = held(task_id)
+            if task is None:
+                continue
+            key, run = labels.get((task.queue, task.name, status, code)) or label(task, status, code)
+            counts[key] = counts.get(key, 0) + 1
+            if run_s is not None:
+                run.counts[bisect_left(run.bounds, run_s)] += 1
+                run.total += run_s
+
+    def _label(self, task: TaskPayload, status: str, code: str | None) -> tuple[Key, Hist]:
+        """The label values of a (queue, name, status, code) seen the first time, and its run
+        histogram (one per queue and task label, shared by every outcome)."""
+        key = (task.queue, self.labels.task(task.name), OUTCOMES.get(status, "lost"), self.labels.code(code))
+        run = self.run_times.get(key[:2])
+        if run is None:
+            run = self.run_times[key[:2]] = Hist(TASK_BUCKETS)
+        found = self._finished_labels[(task.queue, task.name, status, code)] = (key, run)
+        return found
 
     def claimed(self, tasks: list[TaskPayload], seconds: float) -> None:
         self.claim_time.observe(seconds)
@@ -118,13 +146,17 @@ class WorkerMetrics(Collector):
             return
         counts, waits = self.claimed_counts, self.waits
         for task in tasks:
-            queue = task.queue
+            queue, waited = task.queue, task.waited_s
             counts[queue] = counts.get(queue, 0) + 1
-            if task.waited_s is not None:
+            if waited is not None:
                 wait = waits.get(queue)
                 if wait is None:
                     wait = waits[queue] = Hist(TASK_BUCKETS)
-                wait.observe(task.waited_s if task.waited_s > 0 else 0.0)
+                # Hist.observe, inlined: once per claimed task.
+                if waited < 0:
+                    waited = 0.0
+                wait.counts[bisect_left(wait.bounds, waited)] += 1
+                wait.total += waited
 
     def claim_failed(self) -> None:
         self.claims_failed += 1

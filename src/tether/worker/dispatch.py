@@ -201,10 +201,7 @@ class Dispatcher:
         held = self.holdings
         for task in held.started_many(slot.index, msg["started"]):
             self.time_limits.started(slot, task)
-        if hooks.enabled():
-            ran = msg.get("ran") or [[None, None]] * len(msg["done"])
-            for (task_id, status), (code, run_s) in zip(msg["done"], ran, strict=True):
-                hooks.finished(held.get(task_id), status, code, run_s)
+        hooks.finished_many(held.get, msg["done"], msg.get("ran"))
         ended = [task_id for task_id, _ in msg["done"]] + msg["lost"] + msg["released"]
         for task_id in ended:
             self.time_limits.finished(slot, task_id)
