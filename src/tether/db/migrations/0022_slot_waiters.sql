@@ -7,9 +7,8 @@
 -- drained and unregisters only after its claims have filled every free slot for a second, so
 -- for the first second (or more) of every backlog after an idle spell each limited task's end
 -- sent a NOTIFY: one more commit serialised on the database's notify lock and one more wake-up
--- of the worker's listener per task. Measured in drains of 6,000 no-op tasks over 100 keys
--- (per_key 100, never binding) with the trigger turned off: CPU a task 224 against 291 us on
--- the async executor; 645-1,067 notifications per 4,000 tasks on the sync one.
+-- of the worker's listener per task: 1,000-1,400 notifications per 6,000-task drain on the
+-- sync executor, where each task's end is its own transaction (bench/limits.py's drains).
 --
 -- Now a registration says which of its queues the worker waits on for a freed slot
 -- (for_slots): those whose last limited claim took less than the worker had room for while a
