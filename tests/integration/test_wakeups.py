@@ -78,7 +78,7 @@ def register(conn: psycopg.Connection[Any], worker_id: str, queues: list[str]) -
     """What a worker does when its claim finds nothing (worker/notify_registration.py), in one transaction."""
     with conn.transaction():
         conn.execute(q("lock_queues_for_waiting"), {"queues": queues})
-        conn.execute(q("register_waiting"), {"worker_id": worker_id, "queues": queues})
+        conn.execute(q("register_waiting"), {"worker_id": worker_id, "queues": queues, "slot_queues": []})
 
 
 def waiters(db: psycopg.Connection[Any]) -> set[tuple[str, str]]:
@@ -172,7 +172,9 @@ def test_a_registration_in_flight_makes_a_send_wait_and_then_notify(
     with connect(database_url) as registrar, connect(database_url) as sender:
         registrar.execute("BEGIN")
         registrar.execute(q("lock_queues_for_waiting"), {"queues": ["default"]})
-        registrar.execute(q("register_waiting"), {"worker_id": worker_id, "queues": ["default"]})
+        registrar.execute(
+            q("register_waiting"), {"worker_id": worker_id, "queues": ["default"], "slot_queues": []}
+        )
         _, insert = prepared_insert(basic.noop.with_options())
         thread = threading.Thread(target=insert, args=(sender,))
         thread.start()
@@ -270,6 +272,37 @@ async def test_a_registration_survives_a_listener_reconnect_in_both_directions(
         for _ in range(2):
             assert await registration.after_claim(4, 4) is False
         assert waiters(db) == set()
+    finally:
+        await pool.close()
+
+
+async def test_only_a_worker_held_back_by_a_slot_limit_waits_for_freed_slots(
+    database_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """A drained worker waits for new work, not for every limited task's end (each would be a
+    NOTIFY); a claim that a slot limit held back registers for that queue's freed slots too,
+    and a later short claim that nothing held back stops waiting for them (migration 22)."""
+    worker_id = fake_worker(db, ["default", "images"])
+    pool = WorkerPool(database_url, AppConfig(broker=PostgresConfig(database_url=database_url)))
+    await pool.open()
+
+    def for_slots() -> set[str]:
+        rows = db.execute(
+            "SELECT queue FROM tether_queue_waiters WHERE worker_id = %s AND for_slots", (worker_id,)
+        ).fetchall()
+        return {r["queue"] for r in rows}
+
+    try:
+        registration = notify_registration.NotifyRegistration(pool, worker_id, ["images", "default"])
+        assert await registration.after_claim(0, 4) is True  # drained
+        assert len(waiters(db)) == 2 and for_slots() == set()
+        assert await registration.after_claim(1, 4, frozenset({"images"})) is True  # held back: claim again
+        assert for_slots() == {"images"}
+        assert await registration.after_claim(2, 4, frozenset({"images"})) is False  # nothing new to write
+        assert await registration.after_claim(1, 4) is False  # short, but no slot limit held it back
+        assert len(waiters(db)) == 2 and for_slots() == set()
+        assert await registration.after_claim(0, 4, frozenset({"default"})) is True
+        assert for_slots() == {"default"}
     finally:
         await pool.close()
 

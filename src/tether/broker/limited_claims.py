@@ -40,6 +40,9 @@ class LimitedClaim:
     contended: bool
     more_keys: bool = False
     keys_locked: list[str] = field(default_factory=list)
+    # A slot limit binds: the queue is at max_in_flight, or a key with due work is at per_key
+    # (migration 22). Only then can a freed slot let this worker take more.
+    held_back: bool = False
 
 
 async def claim_limited(
@@ -104,7 +107,7 @@ async def claim_limited(
     _move_cursor(cursor, after, keys, last, weights.get(last or "", 1.0), window_end)
     if cursor.unkeyed:
         cursor.unkeyed = bool(claimed and claimed[0]["unkeyed_seen"])
-    return LimitedClaim(tasks, contended, more_keys, keys)
+    return LimitedClaim(tasks, contended, more_keys, keys, bool(summary["held_back"]))
 
 
 def _move_cursor(

@@ -149,6 +149,7 @@ class Claimer:
             queues = self.limited.plain_queues()
         tasks: list[TaskPayload] = []
         filled = False
+        slot_queues: frozenset[str] = frozenset()
         if queues:
             marks = self.marks.for_claim()
             started = time.monotonic()
@@ -193,12 +194,13 @@ class Claimer:
             hooks.claimed(more.tasks, time.monotonic() - started)
             tasks = tasks + more.tasks
             self._limited_waits_for_child = more.waits_for_child
+            slot_queues = more.slot_queues
             if more.look_again_in is not None:
                 self.triggers.look_again_in(more.look_again_in)
             took = limit if more.maybe_more or self._took_all(tasks, other, in_async) else len(tasks)
         self.triggers.after_claim(took, limit, told)
         await self.accept(tasks)
-        if await self.registration.after_claim(took, limit):
+        if await self.registration.after_claim(took, limit, slot_queues):
             self.triggers.work_may_wait()  # just registered: look once more (see notify_registration.py)
         return len(tasks)
 

@@ -46,6 +46,9 @@ class Taken:
     # No child was left idle and there was room the limits kept from prefetching: claim again
     # when a child is free, as a freed child only pokes the claim loop.
     waits_for_child: bool = False
+    # The queues whose claim a slot limit held back (max_in_flight, per_key): if this claim
+    # took less than it had room for, a freed slot there is worth a notification.
+    slot_queues: frozenset[str] = frozenset()
 
 
 class LimitedClaimer:
@@ -127,6 +130,7 @@ class LimitedClaimer:
                 cursor.unkeyed = True
             self._next_unkeyed_look = now + UNKEYED_LOOK_S
         taken: list[TaskPayload] = []
+        held: set[str] = set()
         maybe_more = contended = False
         look_again_in: float | None = None
         order = (
@@ -147,6 +151,8 @@ class LimitedClaimer:
             in_async -= got_async
             taken += result.tasks
             contended |= result.contended
+            if result.held_back:
+                held.add(queue)
             token_s = self._token_s.get(queue)
             if token_s is not None and other + in_async > 0:
                 look_again_in = token_s if look_again_in is None else min(look_again_in, token_s)
@@ -164,7 +170,13 @@ class LimitedClaimer:
             maybe_more = True
         # With no idle child left, what this claim could not take may fit once one is free
         # (a freed child only pokes the claim loop).
-        return Taken(taken, maybe_more, look_again_in, waits_for_child=idle <= 0 and other + in_async > 0)
+        return Taken(
+            taken,
+            maybe_more,
+            look_again_in,
+            waits_for_child=idle <= 0 and other + in_async > 0,
+            slot_queues=frozenset(held),
+        )
 
     def _claim_from(
         self, queue: str, cursor: KeyCursor, other: int, in_async: int, idle: int, skip_names: list[str]

@@ -13,6 +13,13 @@ commit) and holds new ones back until the registration is visible to them;
 then the worker claims once more, which sees every send that did not notify.
 Nothing depends on this for correctness: the claim loop's poll finds any task
 within ``poll_interval_ms`` in all cases.
+
+A limited task's end notifies too (a freed slot, migration 13), but only workers that
+registered for a slot of its queue (``for_slots``, migration 22): those whose last claim
+took less than they had room for while a slot limit held them back. A worker that waits
+only because its queues were drained is not told of every limited task's end: until it
+unregisters (a second of full claims), each end of a backlog's first second was a NOTIFY,
+a commit serialised on the database's notify lock (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class NotifyRegistration:
         self.worker_id = worker_id
         self.queues = sorted(set(queues))
         self.registered = False
+        self._slot_queues: frozenset[str] = frozenset()  # registered as waiting for a freed slot
         self._recheck = False
         self._full_since: float | None = None
 
@@ -51,8 +59,9 @@ class NotifyRegistration:
         have been removed meanwhile (the reaper does so for a worker it took for dead)."""
         self._recheck = True
 
-    async def after_claim(self, claimed: int, limit: int) -> bool:
-        """Update the registration after a claim; True if the caller should claim once more."""
+    async def after_claim(self, claimed: int, limit: int, slot_queues: frozenset[str] = frozenset()) -> bool:
+        """Update the registration after a claim; True if the caller should claim once more.
+        ``slot_queues``: the limited queues a slot limit held back in this claim."""
         if not self.notified:
             return False
         if claimed >= limit:
@@ -64,21 +73,40 @@ class NotifyRegistration:
             return False
         self._full_since = None
         if self.registered and not self._recheck:
-            return False
-        return await self._register()
+            if slot_queues <= self._slot_queues:
+                if self._slot_queues and not slot_queues:
+                    await self._stop_waiting_for_slots()  # no slot limit holds it back now
+                return False
+            # A slot limit holds it back now: waiting for freed slots too, which takes the
+            # queues' locks and a claim after them, as any registration.
+            slot_queues |= self._slot_queues
+        return await self._register(slot_queues)
 
-    async def _register(self) -> bool:
+    async def _register(self, slot_queues: frozenset[str]) -> bool:
         try:
             await self.pool.run(
-                "registering as waiting", lambda c: waiters.register_waiting(c, self.worker_id, self.queues)
+                "registering as waiting",
+                lambda c: waiters.register_waiting(c, self.worker_id, self.queues, slot_queues),
             )
         except DatabaseError as exc:
             # Not fatal: without the row, sends do not notify and the poll finds their tasks.
             log.warning("could not register as waiting for work on %s (%s); polling", self.queues, exc)
             return False
         self.registered = True
+        self._slot_queues = slot_queues
         self._recheck = False
         return True
+
+    async def _stop_waiting_for_slots(self) -> None:
+        try:
+            await self.pool.run(
+                "no longer waiting for a slot", lambda c: waiters.stop_waiting_for_slots(c, self.worker_id)
+            )
+        except DatabaseError as exc:
+            # Harmless: freed slots keep notifying a worker that would find nothing more.
+            log.warning("could not stop waiting for freed slots (%s)", exc)
+            return
+        self._slot_queues = frozenset()
 
     async def _unregister(self) -> None:
         try:
@@ -90,3 +118,4 @@ class NotifyRegistration:
             log.warning("could not unregister as waiting for work (%s)", exc)
             return
         self.registered = False
+        self._slot_queues = frozenset()
