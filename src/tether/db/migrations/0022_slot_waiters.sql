@@ -16,7 +16,10 @@
 -- before. The lost-wakeup race is closed as before, with the same per-queue advisory lock: the
 -- trigger holds it shared until its commit, a registration takes it exclusively and claims
 -- once more after it.
-ALTER TABLE tether_queue_waiters ADD COLUMN for_slots boolean NOT NULL DEFAULT false;
+-- The default is true: a worker of an earlier tether (a rolling deploy: old and new workers
+-- on one database) registers without naming for_slots, and keeps being told of every freed
+-- slot as before, instead of waiting for its poll. This tether always sets it.
+ALTER TABLE tether_queue_waiters ADD COLUMN for_slots boolean NOT NULL DEFAULT true;
 
 -- tether_work_is_awaited's lock, but only workers held back by a slot limit count.
 CREATE FUNCTION tether_slot_is_awaited(q text) RETURNS boolean
