@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from tether.broker import waiters
-from tether.broker.types import DatabaseError
+from tether.broker.types import AsyncConn, DatabaseError
 from tether.broker.worker_pool import WorkerPool
 
 log = logging.getLogger("tether.worker.notify_registration")
@@ -98,24 +99,29 @@ class NotifyRegistration:
         return True
 
     async def _stop_waiting_for_slots(self) -> None:
-        try:
-            await self.pool.run(
-                "no longer waiting for a slot", lambda c: waiters.stop_waiting_for_slots(c, self.worker_id)
-            )
-        except DatabaseError as exc:
-            # Harmless: freed slots keep notifying a worker that would find nothing more.
-            log.warning("could not stop waiting for freed slots (%s)", exc)
-            return
-        self._slot_queues = frozenset()
+        # A failure is harmless: freed slots keep notifying a worker that would find nothing more.
+        if await self._try(
+            "no longer waiting for a slot",
+            lambda c: waiters.stop_waiting_for_slots(c, self.worker_id),
+            "could not stop waiting for freed slots (%s)",
+        ):
+            self._slot_queues = frozenset()
 
     async def _unregister(self) -> None:
+        # A failure is harmless: sends keep notifying a worker that is busy anyway.
+        if await self._try(
+            "unregistering as waiting",
+            lambda c: waiters.unregister_waiting(c, self.worker_id),
+            "could not unregister as waiting for work (%s)",
+        ):
+            self.registered = False
+            self._slot_queues = frozenset()
+
+    async def _try(self, what: str, work: Callable[[AsyncConn], Awaitable[None]], failed: str) -> bool:
+        """``work`` on the pool; a database error is logged (``failed`` % the error), not raised."""
         try:
-            await self.pool.run(
-                "unregistering as waiting", lambda c: waiters.unregister_waiting(c, self.worker_id)
-            )
+            await self.pool.run(what, work)
         except DatabaseError as exc:
-            # Harmless: sends keep notifying a worker that is busy anyway.
-            log.warning("could not unregister as waiting for work (%s)", exc)
-            return
-        self.registered = False
-        self._slot_queues = frozenset()
+            log.warning(failed, exc)
+            return False
+        return True
