@@ -88,12 +88,30 @@ def test_racing_workers_claim_each_task_once(db: Any, chaos: ModuleType, workers
     assert owners["attempts"] == 1 and owners["n"] >= 2  # spread over workers, one claim each
 
 
-def test_progress_counts_as_a_heartbeat(db: Any, chaos: ModuleType, workers: WorkerFactory) -> None:
+def test_progress_counts_as_a_heartbeat(
+    db: Any, chaos: ModuleType, workers: WorkerFactory, stopped_groups: list[int]
+) -> None:
     """updateProgress() 'also updates the heartbeat': a report keeps a task from looking stale."""
-    workers.start(APP, "--processes", "1", env=FAST)
+    worker = workers.start(APP, "--processes", "1", env=FAST)
     hold = chaos.app.tasks["hold"]
     running = hold.send(token(), 60)
     wait_status(db, running.id, "RUNNING")
+    # The worker frozen, and none of its statements still running on the server: no heartbeat
+    # of its can land after the times are moved back (a live worker's next beat, 1 s later,
+    # made the task fresh again between the two checks below in CI).
+    os.killpg(worker.pid, signal.SIGSTOP)
+    stopped_groups.append(worker.pid)
+    wait_until(
+        lambda: (
+            db.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state = 'active' AND backend_type = 'client backend'"
+            ).fetchone()["n"]
+            == 0
+        ),
+        timeout=10,
+        message="the frozen worker's statements to end",
+    )
     # Ten minutes of silence from start and heartbeats, but progress reported just now.
     age_rows(db, [running.id], timedelta(minutes=10))
     db.execute(
