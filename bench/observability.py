@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from tests.harness import WorkerProcess
 
 from bench import otel_sdk
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled, tree_cpu, wait_all_terminal
@@ -84,36 +85,61 @@ def producer(url: str, kind: str, traced: bool) -> Tether:
     return apps._register(app) if kind == "sync" else async_apps._register(app)
 
 
-def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float, float]:
-    """``mode``: off, metrics, tracing, on (both), sampled (both, 1 % of traces sampled) or
-    tracing_sampled (tracing alone, 1 %).
-    Returns (tasks/s by database time, worker CPU microseconds per task, the main process's
-    share of it): the CPU is what the machine's other load moves least."""
-    app_path, task_name, args = KINDS[kind]
-    traced = mode in ("tracing", "on", "sampled", "tracing_sampled")
-    metered = mode in ("metrics", "on", "sampled", "metrics_unscraped")
-    ratio = 0.01 if mode in ("sampled", "tracing_sampled") else 1.0
-    otel_sdk.set_ratio(ratio)  # the producer's sampler: a run follows its send's decision
-    db.reset_tasks()
+def is_traced(mode: str) -> bool:
+    return mode in ("tracing", "on", "sampled", "tracing_sampled")
+
+
+def is_metered(mode: str) -> bool:
+    return mode in ("metrics", "on", "sampled", "metrics_unscraped")
+
+
+def sample_ratio(mode: str) -> float:
+    """The share of traces sampled, in the producer and in the worker."""
+    return 0.01 if mode in ("sampled", "tracing_sampled") else 1.0
+
+
+def mode_worker(
+    db: BenchDatabase, kind: str, mode: str, port: int, log: Path, *, exclusive: bool = True
+) -> WorkerProcess:
+    """The worker of ``kind`` (sync, async) in ``mode`` (one_run's), not started yet; its
+    metrics on ``port`` when the mode has them."""
+    app_path, _, args = KINDS[kind]
     env = (
-        {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1", "TETHER_BENCH_OTEL_RATIO": str(ratio)}
-        if traced
+        {
+            "TETHER_TRACING": "1",
+            "TETHER_BENCH_OTEL_SDK": "1",
+            "TETHER_BENCH_OTEL_RATIO": str(sample_ratio(mode)),
+        }
+        if is_traced(mode)
         else {}
     )
     if mode == "sdk":  # the SDK and its span processor's thread, tracing off, sends untraced
         env = {"TETHER_BENCH_OTEL_SDK": "1"}
     elif mode == "thread":  # no SDK: only an idle thread started at the app's import
         env = {"TETHER_BENCH_IDLE_THREAD": "1"}
-    extra = (*args, "--metrics-port", str(PORT)) if metered else args
     worker = bench_worker(
         db,
-        logs / f"{kind}-{mode}-{time.monotonic_ns()}.log",
+        log,
         processes=None,  # type: ignore[arg-type]
-        extra_args=extra,
+        extra_args=(*args, "--metrics-port", str(port)) if is_metered(mode) else args,
         env=env,
+        exclusive=exclusive,
         app_path=app_path,
     )
     worker.log_level = "INFO"
+    return worker
+
+
+def one_run(db: BenchDatabase, kind: str, mode: str, n: int, logs: Path) -> tuple[float, float, float]:
+    """``mode``: off, metrics, tracing, on (both), sampled (both, 1 % of traces sampled) or
+    tracing_sampled (tracing alone, 1 %).
+    Returns (tasks/s by database time, worker CPU microseconds per task, the main process's
+    share of it): the CPU is what the machine's other load moves least."""
+    _, task_name, _ = KINDS[kind]
+    traced, metered, ratio = is_traced(mode), is_metered(mode), sample_ratio(mode)
+    otel_sdk.set_ratio(ratio)  # the producer's sampler: a run follows its send's decision
+    db.reset_tasks()
+    worker = mode_worker(db, kind, mode, PORT, logs / f"{kind}-{mode}-{time.monotonic_ns()}.log")
     scrapes: list[float] = []
     stop = threading.Event()
 

@@ -35,7 +35,7 @@ import psutil
 from tests.harness import WorkerProcess
 
 from bench import observability, otel_sdk
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled, wait_all_terminal
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, settled, wait_all_terminal
 from tether.db.migrate import migrate
 
 
@@ -58,40 +58,24 @@ class Side:
 
     @property
     def traced(self) -> bool:
-        return self.mode in ("tracing", "on", "sampled", "tracing_sampled")
+        return observability.is_traced(self.mode)
 
     @property
     def metered(self) -> bool:
-        return self.mode in ("metrics", "on", "sampled", "metrics_unscraped")
+        return observability.is_metered(self.mode)
 
     @property
     def ratio(self) -> float:
-        return 0.01 if self.mode in ("sampled", "tracing_sampled") else 1.0
+        return observability.sample_ratio(self.mode)
 
 
 def start_side(server_url: str, kind: str, mode: str, port: int, logs: Path) -> Side:
-    app_path, _, args = observability.KINDS[kind]
     db = BenchDatabase(server_url)
     db.create()
     with db.connect() as conn:
         migrate(conn)
-    side = Side(mode, db, None, port)  # type: ignore[arg-type]
-    env = (
-        {"TETHER_TRACING": "1", "TETHER_BENCH_OTEL_SDK": "1", "TETHER_BENCH_OTEL_RATIO": str(side.ratio)}
-        if side.traced
-        else {}
-    )
-    extra = (*args, "--metrics-port", str(port)) if side.metered else args
-    side.worker = bench_worker(
-        db,
-        logs / f"{kind}-{mode}.log",
-        processes=None,  # type: ignore[arg-type]
-        extra_args=extra,
-        env=env,
-        exclusive=False,
-        app_path=app_path,
-    )
-    side.worker.log_level = "INFO"
+    worker = observability.mode_worker(db, kind, mode, port, logs / f"{kind}-{mode}.log", exclusive=False)
+    side = Side(mode, db, worker, port)
     side.worker.start()
     side.worker.wait_registered()
     settled(side.worker.pid, 2 if kind == "sync" else 1)
