@@ -21,7 +21,15 @@ import psycopg
 
 from bench import async_apps
 from bench.apps import make_app
-from bench.infra import count_by_status, session_cpu, session_cpu_since, settled, tree_cpu, wait_all_terminal
+from bench.infra import (
+    BenchDatabase,
+    count_by_status,
+    session_cpu,
+    session_cpu_since,
+    settled,
+    tree_cpu,
+    wait_all_terminal,
+)
 from bench.scenarios import Context, Outcome, Row
 from tether.broker import limited_claims
 from tether.broker.limited_claims import KeyCursor
@@ -32,8 +40,9 @@ EXECUTORS = ("sync", "async")
 KEYS = 100
 
 
-def _set_limits(ctx: Context, kind: str, per_key: int = 100) -> None:
-    with ctx.db.connect() as conn:
+def set_limits(db: BenchDatabase, kind: str, per_key: int = 100) -> None:
+    """The limits of ``kind`` (KINDS) on the queue 'default' of ``db``, the others dropped."""
+    with db.connect() as conn:
         conn.execute("DELETE FROM tether_queue_limits")
         if kind == "queue_limit":
             conn.execute("INSERT INTO tether_queue_limits (queue, max_in_flight) VALUES ('default', 100000)")
@@ -51,7 +60,7 @@ def _drain(ctx: Context, kind: str, executor: str, n: int) -> tuple[float, float
     cores, that CPU is what the drain's throughput is made of, and it moves much less than
     the throughput with other processes' load."""
     ctx.db.reset_tasks()
-    _set_limits(ctx, kind)
+    set_limits(ctx.db, kind)
     if executor == "async":
         worker = ctx.start_worker(
             processes=0,
@@ -100,7 +109,7 @@ def limits_throughput(ctx: Context) -> Outcome:
                 rate, cpu = _drain(ctx, kind, executor, n)
                 runs[f"{kind}/{executor}"].append(rate)
                 cpus[f"{kind}/{executor}"].append(cpu)
-    _set_limits(ctx, "unlimited")
+    set_limits(ctx.db, "unlimited")
 
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
@@ -192,14 +201,14 @@ def limited_claim_cost(ctx: Context) -> Outcome:
     results: dict[int, dict[str, float]] = {}
     for backlog in (10_000, 100_000):
         ctx.db.reset_tasks()
-        _set_limits(ctx, "per_key", per_key=2)
+        set_limits(ctx.db, "per_key", per_key=2)
         _fill(ctx, backlog, keys)
         times = sorted(asyncio.run(_claim_times(ctx.db.url, 300))[20:])  # the first 20 warm up
         results[backlog] = {
             "p50_ms": 1000 * times[len(times) // 2],
             "p95_ms": 1000 * times[int(len(times) * 0.95)],
         }
-    _set_limits(ctx, "unlimited")
+    set_limits(ctx.db, "unlimited")
     small, big = results[10_000], results[100_000]
     return Outcome(
         f"limited claim of 2 (in one transaction, rolled back), {keys:,} keys: "

@@ -22,7 +22,6 @@ missed. The throughput ratio (database time) is printed beside it.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import tempfile
@@ -31,11 +30,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from tests.harness import WorkerProcess
 
 from bench import observability, otel_sdk
 from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, settled, wait_all_terminal
+from bench.paired import sign_test_interval
+from bench.precise_cpu import sessions_cpu, worker_cpu
 from tether.db.migrate import migrate
 
 
@@ -82,36 +82,6 @@ def start_side(server_url: str, kind: str, mode: str, port: int, logs: Path) -> 
     return side
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds used so far by process ``pid``'s threads, to the nanosecond: the
-    scheduler's own count (/proc/PID/task/TID/schedstat), where psutil's cpu_times() counts
-    in 10 ms ticks, 3-7 us a task over a drain of 3,000 no-op tasks. 0 for a process gone."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    except (FileNotFoundError, ProcessLookupError):
-        pass  # gone meanwhile (a thread or a child that ended)
-    return total / 1e9
-
-
-def tree_cpu_precise(pid: int) -> tuple[float, float]:
-    """(CPU seconds of the worker's main process, of its children), as process_cpu counts."""
-    children = psutil.Process(pid).children(recursive=True)
-    return process_cpu(pid), sum(process_cpu(child.pid) for child in children)
-
-
-def sessions_cpu(db: BenchDatabase) -> dict[int, tuple[str, float]]:
-    """(application_name, CPU seconds used so far) of each server process serving one of the
-    worker's sessions (tether-...) on ``db``, as process_cpu counts: the server runs here."""
-    rows = db.query(
-        "SELECT pid, application_name FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'tether-%'"
-    )
-    return {pid: (name, process_cpu(pid)) for pid, name in rows}
-
-
 def scrape_every(side: Side, seconds: float) -> None:
     """What Prometheus does to the worker: a scrape of /metrics every ``seconds``, all the run."""
 
@@ -135,10 +105,10 @@ def drain(side: Side, kind: str, n: int, record: bool) -> None:
         ((mark,),) = side.db.query(
             "SELECT coalesce(max(completed_at), now() - interval '1 day') FROM tether_tasks"
         )
-        cpu0, sessions0 = tree_cpu_precise(side.worker.pid), sessions_cpu(side.db)
+        cpu0, sessions0 = worker_cpu(side.worker.pid), sessions_cpu(side.db)
         observability.send_in_traces(side.db, app.tasks[task_name], n)
         wait_all_terminal(side.db, side.worker, timeout=600, interval=0.02)
-        main1, children1 = tree_cpu_precise(side.worker.pid)
+        main1, children1 = worker_cpu(side.worker.pid)
         sessions1 = sessions_cpu(side.db)  # a session opened meanwhile counts whole
         used = {pid: (name, cpu - sessions0.get(pid, ("", 0.0))[1]) for pid, (name, cpu) in sessions1.items()}
         server = sum(cpu for name, cpu in used.values() if name != "tether-metrics")
@@ -163,21 +133,6 @@ def drain(side: Side, kind: str, n: int, record: bool) -> None:
         side.server_us.append(1e6 * server / n)
         side.scrape_us.append(1e6 * scrapes / n)
         side.rates.append(n / float(span))
-
-
-def sign_test_interval(values: list[float], confidence: float = 0.90) -> tuple[float, float]:
-    """A distribution-free interval for the median: the k-th smallest and k-th largest of
-    ``values``, k the largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2."""
-    ordered = sorted(values)
-    n = len(ordered)
-    tail, k = 0.0, 0
-    while k < n // 2:
-        tail += math.comb(n, k) / 2**n
-        if tail > (1 - confidence) / 2:
-            break
-        k += 1
-    k = max(k, 1)
-    return ordered[k - 1], ordered[n - k]
 
 
 def main(argv: list[str] | None = None) -> None:
