@@ -23,7 +23,7 @@
 -- recovery settles its row.
 
 -- name: limited_claim
--- The claim is the statement in tether_limited_claim (migration 0019, replaced by 0021 and 0022: a
+-- The claim is the statement in tether_limited_claim (migration 0019, replaced by 0021, 0022 and 0023: a
 -- PL/pgSQL function that keeps its generic plan for the session): planned on every execution, as a prepared
 -- statement of its own it cost more server CPU than it took to run for the few tasks a sync
 -- worker claims at a time (docs/limits.md, "What it costs"). What the statement does:
