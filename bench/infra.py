@@ -143,6 +143,29 @@ def bench_worker(
     )
 
 
+def drain_mark(db: BenchDatabase) -> Any:
+    """What drain_span counts after: the last completed_at so far (a day ago when none)."""
+    ((mark,),) = db.query("SELECT coalesce(max(completed_at), now() - interval '1 day') FROM tether_tasks")
+    return mark
+
+
+def drain_span(db: BenchDatabase, mark: Any, n: int, who: str) -> float:
+    """Seconds from the first start to the last completion of the tasks started after
+    ``mark`` (drain_mark), which must be ``n`` COMPLETED ones; then both task tables are
+    vacuumed, outside the measurement: autovacuum is off here, and without it the partial
+    indexes' dead entries would grow through a run of many drains."""
+    ((done, span),) = db.query(
+        "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
+        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks WHERE started_at > %s",
+        (mark,),
+    )
+    if done != n:
+        raise RuntimeError(f"{who}: {done} of {n} completed")
+    with db.connect() as conn:
+        conn.execute("VACUUM tether_tasks, tether_task_attempts")
+    return float(span)
+
+
 def wait_all_terminal(
     db: BenchDatabase, worker: WorkerProcess | None, timeout: float, interval: float = 0.1
 ) -> float:

@@ -34,7 +34,15 @@ from tests.harness import WorkerProcess
 
 from bench import async_apps
 from bench.apps import make_app
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, bench_worker, settled, wait_all_terminal
+from bench.infra import (
+    DEFAULT_SERVER_URL,
+    BenchDatabase,
+    bench_worker,
+    drain_mark,
+    drain_span,
+    settled,
+    wait_all_terminal,
+)
 from bench.limits import KEYS, KINDS, SHARE_TARGET, set_limits
 from bench.paired import sign_test_interval
 from bench.precise_cpu import sessions_cpu, worker_cpu
@@ -81,9 +89,7 @@ def drain(side: Side, executor: str, n: int, record: bool) -> None:
     app = async_apps.make_app(side.db.url) if executor == "async" else make_app(side.db.url)
     task = app.tasks["anoop" if executor == "async" else "noop"]
     try:
-        ((mark,),) = side.db.query(
-            "SELECT coalesce(max(completed_at), now() - interval '1 day') FROM tether_tasks"
-        )
+        mark = drain_mark(side.db)
         sends = [(f"key-{k:03d}", n // KEYS) for k in range(KEYS)] if side.kind == "per_key" else [(None, n)]
         (main0, children0), sessions0 = worker_cpu(side.worker.pid), sessions_cpu(side.db)
         with side.db.connect() as conn, conn.transaction():  # one commit: all due at once
@@ -96,19 +102,11 @@ def drain(side: Side, executor: str, n: int, record: bool) -> None:
         server = sum(cpu - sessions0.get(pid, ("", 0.0))[1] for pid, (_, cpu) in sessions1.items())
     finally:
         app.close()
-    ((done, span),) = side.db.query(
-        "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
-        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks WHERE started_at > %s",
-        (mark,),
-    )
-    if done != n:
-        raise RuntimeError(f"{side.kind}: {done} of {n} completed")
-    with side.db.connect() as conn:  # outside the measurement: no dead entries piling up
-        conn.execute("VACUUM tether_tasks, tether_task_attempts")
+    span = drain_span(side.db, mark, n, side.kind)
     if record:
         side.claim_us.append(1e6 * (main1 - main0 + server) / n)
         side.children_us.append(1e6 * (children1 - children0) / n)
-        side.rates.append(n / float(span))
+        side.rates.append(n / span)
 
 
 def main(argv: list[str] | None = None) -> None:

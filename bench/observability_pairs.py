@@ -33,7 +33,7 @@ from pathlib import Path
 from tests.harness import WorkerProcess
 
 from bench import observability, otel_sdk
-from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, settled, wait_all_terminal
+from bench.infra import DEFAULT_SERVER_URL, BenchDatabase, drain_mark, drain_span, settled, wait_all_terminal
 from bench.paired import sign_test_interval
 from bench.precise_cpu import sessions_cpu, worker_cpu
 from tether.db.migrate import migrate
@@ -102,9 +102,7 @@ def drain(side: Side, kind: str, n: int, record: bool) -> None:
     otel_sdk.set_ratio(side.ratio)  # the producer's sampler: a run follows its send's decision
     app = observability.producer(side.db.url, kind, side.traced)
     try:
-        ((mark,),) = side.db.query(
-            "SELECT coalesce(max(completed_at), now() - interval '1 day') FROM tether_tasks"
-        )
+        mark = drain_mark(side.db)
         cpu0, sessions0 = worker_cpu(side.worker.pid), sessions_cpu(side.db)
         observability.send_in_traces(side.db, app.tasks[task_name], n)
         wait_all_terminal(side.db, side.worker, timeout=600, interval=0.02)
@@ -116,23 +114,13 @@ def drain(side: Side, kind: str, n: int, record: bool) -> None:
         main, cpu = main1 - cpu0[0], main1 + children1 - sum(cpu0)
     finally:
         app.close()
-    ((done, span),) = side.db.query(
-        "SELECT count(*) FILTER (WHERE status = 'COMPLETED'),"
-        " extract(epoch FROM max(completed_at) - min(started_at)) FROM tether_tasks WHERE started_at > %s",
-        (mark,),
-    )
-    if done != n:
-        raise RuntimeError(f"{side.mode}: {done} of {n} completed")
-    # Both tables are vacuumed between drains, outside the measurement: without it the
-    # partial indexes' dead entries would grow through the run (autovacuum is off here).
-    with side.db.connect() as conn:
-        conn.execute("VACUUM tether_tasks, tether_task_attempts")
+    span = drain_span(side.db, mark, n, side.mode)
     if record:
         side.cpu_us.append(1e6 * cpu / n)
         side.main_us.append(1e6 * main / n)
         side.server_us.append(1e6 * server / n)
         side.scrape_us.append(1e6 * scrapes / n)
-        side.rates.append(n / float(span))
+        side.rates.append(n / span)
 
 
 def main(argv: list[str] | None = None) -> None:
